@@ -1,0 +1,249 @@
+"""Every exception the pool itself raises, and how a task is named in them.
+
+Owns: the public error classes and ``TaskInfo``, the description of a call used in messages.
+Runs in: any thread. Messages are built lazily in ``__str__`` so that the dispatcher thread,
+which creates some of these objects, never calls user code such as an argument's ``__repr__``.
+Guarantees: pool failures subclass ``BrokenProcessPool`` where a stdlib handler written for
+``ProcessPoolExecutor`` should still catch them; a task's own exceptions are never wrapped.
+Every class here pickles and unpickles to an equal message.
+"""
+
+from __future__ import annotations
+
+import pickle
+import reprlib
+import signal
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable
+
+__all__ = [
+    "TaskInfo",
+    "WorkerDied",
+    "InitializerError",
+    "PoolInternalError",
+    "WorkerProtocolError",
+    "RemoteTaskError",
+    "ResultTransferError",
+    "ArgumentPicklingError",
+]
+
+_short = reprlib.Repr()
+_short.maxstring = 60
+_short.maxother = 60
+_short.maxlist = _short.maxtuple = _short.maxdict = _short.maxset = 4
+
+
+def _safe_repr(obj: object) -> str:
+    try:
+        return _short.repr(obj)
+    except Exception as exc:  # a broken __repr__ must not hide the real error
+        return f"<{type(obj).__name__} object (repr failed: {type(exc).__name__})>"
+
+
+def callable_name(fn: object) -> str:
+    """The dotted name of a callable, for messages (``module.qualname`` when known)."""
+    inner = getattr(fn, "func", None)  # functools.partial
+    if inner is not None and not hasattr(fn, "__qualname__"):
+        return f"partial({callable_name(inner)})"
+    qualname = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    module = getattr(fn, "__module__", None)
+    return f"{module}.{qualname}" if module else str(qualname)
+
+
+class TaskInfo:
+    """A submitted call as errors describe it: id, callable, and arguments.
+
+    Keeps references to the call itself (as the pending future does anyway) and renders
+    them only when a message is asked for, in the asking thread.
+    """
+
+    __slots__ = ("task_id", "fn", "args", "kwargs")
+
+    def __init__(self, task_id: int, fn: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any]) -> None:
+        self.task_id = task_id
+        self.fn = fn
+        self.args = args
+        self.kwargs = kwargs
+
+    @property
+    def function_name(self) -> str:
+        return callable_name(self.fn)
+
+    def describe(self) -> str:
+        """``task 7: mod.fn(1, 'x', key=...)`` with every argument shortened."""
+        parts = [_safe_repr(a) for a in self.args]
+        parts += [f"{k}={_safe_repr(v)}" for k, v in self.kwargs.items()]
+        return f"task {self.task_id}: {self.function_name}({', '.join(parts)})"
+
+    def __repr__(self) -> str:
+        return f"<TaskInfo {self.describe()}>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The call itself may not pickle (that may be why we are here): keep its text.
+        return (_DescribedTask, (self.task_id, self.function_name, self.describe()))
+
+
+class _DescribedTask(TaskInfo):
+    """What a ``TaskInfo`` becomes after pickling: names and text only."""
+
+    __slots__ = ("_name", "_text")
+
+    def __init__(self, task_id: int, name: str, text: str) -> None:
+        super().__init__(task_id, _DescribedTask, (), {})
+        self._name = name
+        self._text = text
+
+    @property
+    def function_name(self) -> str:
+        return self._name
+
+    def describe(self) -> str:
+        return self._text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_DescribedTask, (self.task_id, self._name, self._text))
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """``exit code 3`` / ``signal SIGKILL (9)``, from a ``Process.exitcode``."""
+    if exitcode is None:
+        return "no exit status (not reaped)"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = "signal"
+        return f"signal {name} ({-exitcode})"
+    return f"exit code {exitcode}"
+
+
+class WorkerDied(BrokenProcessPool):
+    """The worker process running this task died before replying.
+
+    Raised by ``future.result()`` of exactly the task that was running when its worker
+    ended: killed by a signal (SIGKILL, SIGSEGV, SIGABRT...) or exited (``os._exit``).
+    The dispatcher creates it when it sees the worker's sentinel; other tasks and the pool
+    are unaffected, and the task is not re-run (it may have had side effects).
+
+    Attributes: ``pid``, ``exitcode`` (negative for a signal, as ``Process.exitcode``),
+    ``signal_name`` (``"SIGKILL"`` or ``None``), ``task`` (a :class:`TaskInfo`) and
+    ``crash_report`` (what the worker's faulthandler wrote while dying, or ``None``).
+    """
+
+    def __init__(self, pid: int, exitcode: int | None, task: TaskInfo,
+                 crash_report: str | None = None) -> None:
+        super().__init__(pid, exitcode, task, crash_report)
+        self.pid = pid
+        self.exitcode = exitcode
+        self.task = task
+        self.crash_report = crash_report or None
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.exitcode is None or self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return None
+
+    def __str__(self) -> str:
+        how = describe_exit(self.exitcode)
+        text = f"worker pid {self.pid} died ({how}) while running {self.task.describe()}"
+        if self.signal_name == "SIGKILL":
+            text += ("\nThe process was killed from outside (SIGKILL cannot be caught): "
+                     "by another process, or by the kernel's OOM killer when memory ran out.")
+        if self.crash_report:
+            text += "\nCrash report from the worker:\n" + self.crash_report.rstrip()
+        elif self.exitcode is not None and self.exitcode >= 0:
+            text += "\nThe worker exited without a Python error (os._exit or a C-level exit)."
+        return text
+
+
+class InitializerError(BrokenProcessPool):
+    """Workers kept failing to start, so the pool stopped starting them.
+
+    Raised by ``future.result()`` of every task that was waiting, and by later ``submit()``
+    calls, after several consecutive worker starts failed with no task completed in
+    between: the ``initializer`` raised, or the worker died while starting. ``__cause__`` is
+    the initializer's own exception with its remote traceback when it could be transferred;
+    ``remote_traceback`` always holds it as text.
+    """
+
+    def __init__(self, message: str, remote_traceback: str = "") -> None:
+        super().__init__(message, remote_traceback)
+        self.message = message
+        self.remote_traceback = remote_traceback
+
+    def __str__(self) -> str:
+        if not self.remote_traceback:
+            return self.message
+        return f"{self.message}\n{self.remote_traceback.rstrip()}"
+
+
+class PoolInternalError(BrokenProcessPool):
+    """The pool's dispatcher thread failed: a bug in the pool, not in your task.
+
+    Raised by ``future.result()`` of every task not yet resolved at that moment and by every
+    later ``submit()``; ``__cause__`` is the internal error. The workers are killed; nothing
+    waits forever. Please report it with the chained traceback.
+    """
+
+
+class WorkerProtocolError(BrokenProcessPool):
+    """A worker sent bytes that are not a valid reply (something in the task wrote into the
+    pool's pipe, or memory was corrupted). Raised by ``future.result()`` of the task that
+    was running on that worker; the worker is killed and replaced.
+    """
+
+
+class RemoteTaskError(Exception):
+    """The task raised an exception that could not be brought back as itself.
+
+    Raised by ``future.result()`` when the worker could not pickle the task's exception, or
+    the parent could not unpickle it (for example a class whose ``__init__`` needs arguments
+    that ``args`` does not hold, or a class the parent cannot import). Carries the original
+    ``type_name``, ``message`` and the worker's ``remote_traceback`` as text, and ``reason``,
+    why the exception itself could not be transferred.
+    """
+
+    def __init__(self, type_name: str, message: str, remote_traceback: str,
+                 reason: str) -> None:
+        super().__init__(type_name, message, remote_traceback, reason)
+        self.type_name = type_name
+        self.message = message
+        self.remote_traceback = remote_traceback
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return (f"{self.type_name}: {self.message}\n"
+                f"(the exception could not be transferred from the worker: {self.reason})\n"
+                f"Remote traceback:\n{self.remote_traceback.rstrip()}")
+
+
+class ResultTransferError(Exception):
+    """The task returned, but its return value could not be brought back.
+
+    Raised by ``future.result()`` when the worker could not pickle the value, or the parent
+    could not unpickle it. ``stage`` is ``"pickling in the worker"`` or ``"unpickling in the
+    parent"``; ``reason`` says what failed. The worker and the pool carry on.
+    """
+
+    def __init__(self, type_name: str | None, stage: str, reason: str) -> None:
+        super().__init__(type_name, stage, reason)
+        self.type_name = type_name
+        self.stage = stage
+        self.reason = reason
+
+    def __str__(self) -> str:
+        what = f"a {self.type_name}" if self.type_name else "a value"
+        return f"the task returned {what} that failed {self.stage}: {self.reason}"
+
+
+class ArgumentPicklingError(pickle.PicklingError):
+    """``submit()`` or ``map()`` was given a call that cannot be pickled.
+
+    Raised in the caller's thread, before anything is queued; names the argument (or the
+    function) that failed, and chains the pickler's own error as ``__cause__``.
+    """

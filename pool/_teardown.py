@@ -1,0 +1,81 @@
+"""Ending worker processes and releasing what they held.
+
+Owns: nothing; functions the dispatcher calls on the processes it owns.
+Runs in: the dispatcher thread (and its firewall, when the pool is failing).
+Guarantees: signals go to the worker and to its whole process group, so processes a task
+started end with it; a process group is signalled only while its leader is unreaped (a
+zombie still holds its pid), so an id the kernel recycled is never hit.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import Any
+
+_CRASH_REPORT_LIMIT = 64 * 1024
+
+
+def signal_worker(pid: int, signum: int) -> None:
+    """Send ``signum`` to a worker and to its process group. Its pid must be unreaped."""
+    for send in (os.kill, os.killpg):
+        try:
+            send(pid, signum)
+        except ProcessLookupError:
+            pass  # already gone, or its group was never made / is empty
+        except PermissionError:
+            pass  # a setuid program in the group; the worker itself is still signalled
+
+
+def read_crash_report(fd: int) -> str | None:
+    """What the worker's faulthandler wrote into its crash-report file, if anything."""
+    try:
+        data = os.pread(fd, _CRASH_REPORT_LIMIT + 1, 0)
+    except OSError:
+        return None
+    text = data[:_CRASH_REPORT_LIMIT].decode("utf-8", "replace").strip()
+    if len(data) > _CRASH_REPORT_LIMIT:
+        text += "\n[crash report truncated]"
+    return _crashing_thread_first(text) or None
+
+
+def _crashing_thread_first(text: str) -> str:
+    """Put the thread that crashed right after the error line; drop the pool's watchdog.
+
+    faulthandler writes one block per thread, separated by blank lines, in thread order;
+    the reader wants the crash site first, and the watchdog's stack is never of interest.
+    """
+    blocks = text.split("\n\n")
+    threads = [b for b in blocks if b.startswith(("Thread 0x", "Current thread 0x"))]
+    others = [b for b in blocks if b not in threads]
+    threads = [b for b in threads if "in _watch_parent" not in b]
+    threads.sort(key=lambda b: not b.startswith("Current thread"))
+    return "\n\n".join(others[:1] + threads + others[1:])
+
+
+def make_crash_file() -> int:
+    """An anonymous file (already unlinked): nothing is left on disk however we die."""
+    import tempfile
+    fd, path = tempfile.mkstemp(prefix="pool-crash-")
+    os.unlink(path)
+    return fd
+
+
+def close_fds(*fds: int | None) -> None:
+    for fd in fds:
+        if fd is None:
+            continue
+        try:
+            os.close(fd)
+        except OSError as exc:
+            if exc.errno != errno.EBADF:
+                raise
+
+
+def reap(process: Any, timeout: float = 0.0) -> int | None:
+    """Join the process (reaping it) and release its handle; its exit code, or None."""
+    process.join(timeout)
+    exitcode: int | None = process.exitcode
+    if exitcode is not None:
+        process.close()
+    return exitcode

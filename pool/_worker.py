@@ -1,0 +1,208 @@
+"""A worker process's main: receive a call, run it, send the outcome back, repeat.
+
+Owns: its task pipe (read end), its reply pipe (write end), its crash-report file, its
+lifeline and its own process group. Nothing else: it never touches another worker.
+Runs in: the worker process. The main thread runs tasks; a watchdog thread only waits for
+the parent to go away.
+Guarantees:
+- a fatal error (segfault, abort, fatal Python error) leaves the Python stack of every
+  thread in the crash-report file, which the parent reads after the death;
+- every task gets exactly one reply frame, whatever it returns or raises, unless the
+  process dies while running it;
+- when the parent dies, however it dies, the worker kills its process group (itself and
+  any processes its tasks started) within about half a second;
+- end of file on the task pipe means "stop": the worker exits normally, so buffered
+  output is flushed and atexit handlers run.
+Assumes: it is started by the dispatcher through ``multiprocessing`` with the descriptors
+below; under ``fork`` it also inherited the parent's other pool descriptors, listed in
+``fds_to_close``, which it closes first.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import select
+import signal
+import sys
+import threading
+from collections import OrderedDict
+from typing import Any, Callable
+
+from multiprocessing import reduction
+
+from . import _wire
+from ._wire import Kind
+
+# The reply pipe of this worker, for tests that must write garbage into it.
+_reply_fd: int | None = None
+
+# How often the watchdog re-checks the parent pid, for the cases where the lifeline pipe
+# cannot tell (a descendant forked by someone else still holds its write end).
+_PARENT_POLL_SECONDS = 0.25
+
+
+class InheritedFd:
+    """A file descriptor handed to a worker under any start method.
+
+    Under ``fork`` the worker inherits the number itself; under ``spawn`` and ``forkserver``
+    the Process object is pickled, and this reduces through multiprocessing's own
+    descriptor passing (the mechanism that hands a ``Connection`` to a child).
+    """
+
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_fd, (reduction.DupFd(self.fd),))
+
+
+def _rebuild_fd(dup: Any) -> InheritedFd:
+    return InheritedFd(dup.detach())
+
+
+class WorkerSetup:
+    """Everything a worker needs, built by the dispatcher and passed as the Process arg."""
+
+    def __init__(self, *, task_fd: InheritedFd, reply_fd: InheritedFd, lifeline_fd: InheritedFd,
+                 crash_fd: InheritedFd, parent_pid: int, initializer: bytes | None,
+                 max_tasks: int | None, fds_to_close: tuple[int, ...]) -> None:
+        self.task_fd = task_fd
+        self.reply_fd = reply_fd
+        self.lifeline_fd = lifeline_fd
+        self.crash_fd = crash_fd
+        self.parent_pid = parent_pid
+        self.initializer = initializer  # encode_call() of (initializer, initargs), or None
+        self.max_tasks = max_tasks
+        self.fds_to_close = fds_to_close
+
+
+def worker_main(setup: WorkerSetup) -> None:
+    """The ``target`` of every worker Process."""
+    global _reply_fd
+    for fd in setup.fds_to_close:  # only under fork: the parent's other pool descriptors
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    task_fd, reply_fd = setup.task_fd.fd, setup.reply_fd.fd
+    _reply_fd = reply_fd
+    _become_group_leader()
+    # Ctrl-C in a terminal reaches the whole foreground group; the parent decides what a
+    # KeyboardInterrupt means, so workers neither die of it nor print a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    faulthandler.enable(file=setup.crash_fd.fd, all_threads=True)
+    threading.Thread(target=_watch_parent, name="pool-worker-watchdog", daemon=True,
+                     args=(setup.lifeline_fd.fd, os.getppid())).start()
+
+    if setup.initializer is not None and not _run_initializer(setup.initializer, reply_fd):
+        sys.exit(3)
+    _wire.write_frame(reply_fd, Kind.READY, 0)
+    try:
+        _serve(task_fd, reply_fd, setup.max_tasks)
+    except BrokenPipeError:
+        pass  # the parent closed our reply pipe: it is gone or giving up on us
+    finally:
+        faulthandler.disable()
+
+
+def _become_group_leader() -> None:
+    # Its own process group, so that ending a worker can end everything its task started.
+    try:
+        os.setpgid(0, 0)
+    except OSError:
+        pass  # already a group or session leader (cannot happen under multiprocessing)
+
+
+def _watch_parent(lifeline_fd: int, parent_pid: int) -> None:
+    """Kill this worker's process group as soon as the parent is gone.
+
+    The parent holds the only write end of the lifeline pipe, so the pipe reports a hang-up
+    the moment the parent dies, SIGKILL included. The parent pid check covers a write end
+    leaked into some other descendant (a fork of the parent made outside the pool).
+    """
+    poller = select.poll()
+    poller.register(lifeline_fd, 0)  # no events asked: only POLLHUP/POLLERR are reported
+    while True:
+        if poller.poll(_PARENT_POLL_SECONDS * 1000) or os.getppid() != parent_pid:
+            break
+    try:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+    finally:
+        os._exit(70)
+
+
+def _run_initializer(encoded: bytes, reply_fd: int) -> bool:
+    try:
+        fn_blob, args_blob = _wire.decode_call(encoded)
+        initializer = pickle.loads(fn_blob)
+        args, kwargs = pickle.loads(args_blob)
+        initializer(*args, **kwargs)
+    except BaseException as exc:
+        _drop_own_frame(exc)
+        _wire.write_frame(reply_fd, Kind.INIT_FAILED, 0, _wire.encode_exception(exc))
+        return False
+    return True
+
+
+class _FunctionCache:
+    """Unpickled task functions, keyed by their pickled bytes.
+
+    ``map`` sends the same function bytes with every chunk; unpickling them once per worker
+    matters when the function travels by value (cloudpickle).
+    """
+
+    def __init__(self, size: int = 64) -> None:
+        self._size = size
+        self._entries: OrderedDict[bytes, Callable[..., Any]] = OrderedDict()
+
+    def get(self, blob: memoryview) -> Callable[..., Any]:
+        key = blob.tobytes()
+        fn = self._entries.get(key)
+        if fn is None:
+            fn = pickle.loads(key)
+            self._entries[key] = fn
+            if len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+        else:
+            self._entries.move_to_end(key)
+        return fn
+
+
+def _serve(task_fd: int, reply_fd: int, max_tasks: int | None) -> None:
+    functions = _FunctionCache()
+    completed = 0
+    while max_tasks is None or completed < max_tasks:
+        frame = _wire.read_frame(task_fd)
+        if frame is None:
+            return  # end of file: the parent asked us to stop
+        assert frame.kind is Kind.CALL, frame.kind
+        kind, body = _run_call(functions, frame.body)
+        _wire.write_frame(reply_fd, kind, frame.task_id, body)
+        completed += 1
+
+
+def _run_call(functions: _FunctionCache, body: bytes | bytearray) -> tuple[Kind, bytes]:
+    try:
+        fn_blob, args_blob = _wire.decode_call(body)
+        fn = functions.get(fn_blob)
+        args, kwargs = pickle.loads(args_blob)
+    except BaseException as exc:
+        exc.add_note("(raised while unpickling the task's function or arguments in the worker)")
+        return Kind.RAISED, _wire.encode_exception(exc)
+    try:
+        value = fn(*args, **kwargs)
+    except BaseException as exc:
+        _drop_own_frame(exc)
+        return Kind.RAISED, _wire.encode_exception(exc)
+    return _wire.encode_result(value)
+
+
+def _drop_own_frame(exc: BaseException) -> None:
+    # The traceback starts in this module's frame; the user wants theirs first.
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_frame.f_code.co_filename == __file__ and tb.tb_next:
+        exc.__traceback__ = tb.tb_next
