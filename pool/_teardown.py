@@ -48,9 +48,22 @@ def _crashing_thread_first(text: str) -> str:
     blocks = text.split("\n\n")
     threads = [b for b in blocks if b.startswith(("Thread 0x", "Current thread 0x"))]
     others = [b for b in blocks if b not in threads]
-    threads = [b for b in threads if "in _watch_parent" not in b]
+    threads = [_without_pool_frames(b) for b in threads if "in _watch_parent" not in b]
     threads.sort(key=lambda b: not b.startswith("Current thread"))
     return "\n\n".join(others[:1] + threads + others[1:])
+
+
+def _without_pool_frames(block: str) -> str:
+    # Most recent call first: everything from the worker's own loop down is the pool's
+    # machinery (and multiprocessing's bootstrap), the same in every report.
+    lines = block.splitlines()
+    for number, line in enumerate(lines):
+        if line.strip().startswith("File ") and _WORKER_FILE in line:
+            return "\n".join(lines[:number])
+    return block
+
+
+_WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
 
 
 def make_crash_file() -> int:

@@ -35,8 +35,10 @@ from multiprocessing import reduction
 from . import _wire
 from ._wire import Kind
 
-# The reply pipe of this worker, for tests that must write garbage into it.
+# The reply pipe of this worker and the id of the task it runs, for tests that must write
+# into that pipe themselves (garbage, or a reply followed by a death).
 _reply_fd: int | None = None
+_current_task_id = 0
 
 # How often the watchdog re-checks the parent pid, for the cases where the lifeline pipe
 # cannot tell (a descendant forked by someone else still holds its write end).
@@ -173,6 +175,7 @@ class _FunctionCache:
 
 
 def _serve(task_fd: int, reply_fd: int, max_tasks: int | None) -> None:
+    global _current_task_id
     functions = _FunctionCache()
     completed = 0
     while max_tasks is None or completed < max_tasks:
@@ -180,6 +183,7 @@ def _serve(task_fd: int, reply_fd: int, max_tasks: int | None) -> None:
         if frame is None:
             return  # end of file: the parent asked us to stop
         assert frame.kind is Kind.CALL, frame.kind
+        _current_task_id = frame.task_id
         kind, body = _run_call(functions, frame.body)
         _wire.write_frame(reply_fd, kind, frame.task_id, body)
         completed += 1

@@ -1,0 +1,50 @@
+"""The tasks of ``python -m pool demo``: ordinary work, a segfault, and a SIGKILL.
+
+Runs in: the worker processes (the functions) and the CLI (``run_demo``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+from typing import TextIO
+
+from ._errors import WorkerDied
+from ._executor import ProcessPool
+
+
+def sum_of_squares(n: int) -> int:
+    return sum(i * i for i in range(n))
+
+
+def segfault() -> None:
+    ctypes.string_at(0)  # reads address 0: SIGSEGV
+
+
+def killed_from_outside() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does
+
+
+def run_demo(out: TextIO = sys.stdout, start_method: str | None = None) -> int:
+    import multiprocessing
+    context = multiprocessing.get_context(start_method) if start_method else None
+    calls = [(sum_of_squares, 10), (segfault,), (sum_of_squares, 100),
+             (killed_from_outside,), (sum_of_squares, 1000), (sum_of_squares, 10_000)]
+    with ProcessPool(max_workers=2, mp_context=context) as pool:
+        futures = [pool.submit(*call) for call in calls]
+        failures = 0
+        for number, future in enumerate(futures, 1):
+            error = future.exception(timeout=60)
+            if error is None:
+                print(f"task {number}: ok, {future.result()}", file=out)
+                continue
+            failures += 1
+            print(f"task {number}: FAILED with {type(error).__name__}:", file=out)
+            print("    " + str(error).replace("\n", "\n    "), file=out)
+            assert isinstance(error, WorkerDied)
+        after = pool.submit(sum_of_squares, 10).result(timeout=60)
+        print(f"\n{failures} workers died, each failing only its own task; the pool carried "
+              f"on (sum_of_squares(10) afterwards = {after}).", file=out)
+    return 0 if failures == 2 else 1

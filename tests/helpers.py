@@ -1,0 +1,124 @@
+"""Process-level facts for the tests: children, descriptors, threads, child interpreters."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_DIR = TESTS_DIR.parent
+START_METHODS = ("fork", "forkserver", "spawn")
+
+
+def children_of(pid: int) -> set[int]:
+    """Live (non-zombie) direct children of ``pid``, read from /proc."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.add(int(entry))
+    return found
+
+
+def process_exists(pid: int) -> bool:
+    """True while ``pid`` is a live process (a zombie counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def open_fds() -> set[int]:
+    return {int(fd) for fd in os.listdir("/proc/self/fd")} - {_listdir_fd()}
+
+
+def _listdir_fd() -> int:
+    return -1  # listdir's own descriptor is closed by the time the set is built
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
+    """Poll ``predicate`` until it holds or ``timeout`` passes (for facts that the kernel
+    settles asynchronously, such as a reparented orphan being reaped)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+
+
+def helper_pids() -> set[int]:
+    """multiprocessing's long-lived helpers (forkserver, resource tracker), not leaks."""
+    pids = set()
+    try:
+        from multiprocessing import forkserver
+        pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+        if pid:
+            pids.add(pid)
+    except Exception:
+        pass
+    try:
+        from multiprocessing import resource_tracker
+        pid = getattr(resource_tracker._resource_tracker, "_pid", None)
+        if pid:
+            pids.add(pid)
+    except Exception:
+        pass
+    return pids
+
+
+def new_threads(before: set[threading.Thread]) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t not in before and t.is_alive()]
+
+
+PRELUDE = '''
+import json, os, sys, signal, time, threading, multiprocessing
+sys.path[:0] = [{tests!r}, {repo!r}]
+import pool, tasks, helpers
+METHOD = os.environ["POOL_TEST_START_METHOD"]
+CTX = multiprocessing.get_context(METHOD)
+
+def report(**facts):
+    facts["children_left"] = sorted(helpers.children_of(os.getpid()) - helpers.helper_pids())
+    facts["threads_left"] = sorted(t.name for t in threading.enumerate()
+                                   if t is not threading.main_thread() and t.is_alive()
+                                   and not t.daemon)
+    print("REPORT " + json.dumps(facts), flush=True)
+'''
+
+
+def run_script(body: str, method: str, tmp_path: Path, *, timeout: float = 90,
+               expect_exit: int | None = 0) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+    """Run a scenario in a child interpreter (as a script file, so that spawn and
+    forkserver workers can import its ``__main__``) with a hard timeout; returns the
+    dict it passed to ``report()`` and the completed process."""
+    script = tmp_path / "scenario.py"
+    script.write_text(PRELUDE.format(tests=str(TESTS_DIR), repo=str(REPO_DIR))
+                      + textwrap.dedent(body))
+    env = dict(os.environ, POOL_TEST_START_METHOD=method, PYTHONFAULTHANDLER="1")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=str(tmp_path))
+    if expect_exit is not None:
+        assert proc.returncode == expect_exit, (
+            f"scenario exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")
+    reports = [line[len("REPORT "):] for line in proc.stdout.splitlines()
+               if line.startswith("REPORT ")]
+    facts = json.loads(reports[-1]) if reports else {}
+    return facts, proc

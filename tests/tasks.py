@@ -1,0 +1,229 @@
+"""Task functions for the tests; importable by workers under every start method."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import signal
+import time
+
+
+def identity(x):
+    return x
+
+
+def square(x):
+    return x * x
+
+
+def add(a, b=0, *, c=0):
+    return a + b + c
+
+
+def pid_of_worker(_=None):
+    return os.getpid()
+
+
+def raise_value_error(message="boom"):
+    raise ValueError(message)
+
+
+def raise_chained():
+    try:
+        try:
+            {}["missing"]
+        except KeyError as inner:
+            raise OSError(2, "no such thing") from inner
+    except OSError:
+        raise RuntimeError("outer")  # __context__ is the OSError
+
+
+def segfault():
+    ctypes.string_at(0)
+
+
+def abort():
+    os.abort()
+
+
+def exit_hard(code=3):
+    os._exit(code)
+
+
+def sigkill_self():
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def sleep_then(seconds, value=None):
+    time.sleep(seconds)
+    return value
+
+
+def wait_for_file(path, value=None, timeout=30):
+    """Block until ``path`` exists (a test releases it); returns ``value``."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(path)
+        time.sleep(0.005)
+    return value
+
+
+EFFECTS = {
+    "segfault": segfault,
+    "abort": abort,
+    "exit": lambda: exit_hard(3),
+    "sigkill": sigkill_self,
+    "raise": lambda: raise_value_error("effect"),
+}
+
+
+def do_effect(effect):
+    EFFECTS[effect]()
+    return "survived"
+
+
+def _detonate_on_unpickle(effect, where_pid_is_not):
+    # Runs where the object is unpickled: in a worker (receive stage) when the parent's
+    # pid is given, in the parent (parent-receive stage) when a worker's is given.
+    if os.getpid() != where_pid_is_not:
+        EFFECTS[effect]()
+    return "defused"
+
+
+class UnpickleBomb:
+    """Pickles fine; unpickling anywhere but in process ``safe_pid`` runs ``effect``."""
+
+    def __init__(self, effect, safe_pid):
+        self.effect, self.safe_pid = effect, safe_pid
+
+    def __reduce__(self):
+        return (_detonate_on_unpickle, (self.effect, self.safe_pid))
+
+
+class PickleBomb:
+    """Pickling it runs ``effect`` (in the worker, when it is a task's return value)."""
+
+    def __init__(self, effect):
+        self.effect = effect
+
+    def __reduce__(self):
+        EFFECTS[self.effect]()
+        return (str, ("survived",))
+
+
+def return_pickle_bomb(effect):
+    return PickleBomb(effect)
+
+
+def return_unpickle_bomb_for_parent(effect):
+    return UnpickleBomb(effect, os.getpid())  # safe in this worker, goes off in the parent
+
+
+def take_argument(_):
+    return "received"
+
+
+class NeedsTwoArgs(Exception):
+    def __init__(self, a, b):
+        super().__init__(f"{a}/{b}")
+        self.a, self.b = a, b
+
+
+def raise_needs_two_args():
+    raise NeedsTwoArgs(1, 2)
+
+
+class Unpicklable(Exception):
+    def __init__(self, message):
+        super().__init__(message)
+        self.lock = __import__("threading").Lock()
+
+
+def raise_unpicklable():
+    raise Unpicklable("has a lock")
+
+
+class FailsInParent(Exception):
+    """Unpickling works in the worker, fails in the parent (pid check)."""
+
+    def __reduce__(self):
+        return (_rebuild_fails_in_parent, (os.getpid(), self.args))
+
+
+def _rebuild_fails_in_parent(worker_pid, args):
+    if os.getpid() != worker_pid:
+        raise TypeError("cannot rebuild FailsInParent here")
+    return FailsInParent(*args)
+
+
+def raise_fails_in_parent():
+    raise FailsInParent("only the worker can read me")
+
+
+def return_lambda():
+    return lambda: 42
+
+
+def reply_then_die(value):
+    """Send this task's own reply, then die: the reply must win over the death."""
+    from pool import _wire, _worker
+    _wire.write_frame(_worker._reply_fd, _wire.Kind.RESULT, _worker._current_task_id,
+                      pickle.dumps(value))
+    os._exit(0)
+
+
+def write_garbage():
+    from pool import _worker
+    os.write(_worker._reply_fd, b"this is not a frame at all, not even close")
+    time.sleep(30)
+
+
+def write_partial_then_hang():
+    from pool import _wire, _worker
+    header = _wire.HEADER.pack(_wire.MAGIC, _wire.Kind.RESULT, _worker._current_task_id, 1000)
+    os.write(_worker._reply_fd, header + b"x" * 10)
+    time.sleep(30)
+
+
+def init_fails():
+    raise RuntimeError("initializer says no")
+
+
+def init_sets(value):
+    global _INIT_VALUE
+    _INIT_VALUE = value
+
+
+_INIT_VALUE = None
+
+
+def read_init_value(_=None):
+    return _INIT_VALUE
+
+
+def random_fate(seed):
+    """Deterministic per seed: mostly work, sometimes a death of one kind or another."""
+    import random
+    rng = random.Random(seed)
+    roll = rng.random()
+    if roll < 0.01:
+        sigkill_self()
+    elif roll < 0.015:
+        segfault()
+    elif roll < 0.02:
+        exit_hard(5)
+    elif roll < 0.03:
+        raise ValueError(seed)
+    return seed, os.getpid()
+
+
+def fate_of(seed):
+    import random
+    roll = random.Random(seed).random()
+    if roll < 0.02:
+        return "dies"
+    if roll < 0.03:
+        return "raises"
+    return "ok"

@@ -1,0 +1,243 @@
+"""The stdlib semantics a drop-in replacement for ProcessPoolExecutor must keep."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import itertools
+import os
+import threading
+import traceback
+
+import pytest
+
+import pool
+import tasks
+from helpers import process_exists
+
+
+def test_is_an_executor_and_the_alias_is_the_same_class():
+    assert pool.ProcessPoolExecutor is pool.ProcessPool
+    assert issubclass(pool.ProcessPool, cf.Executor)
+
+
+def test_submit_returns_a_stdlib_future_with_the_result(ctx):
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        future = p.submit(tasks.add, 1, 2, c=4)
+        assert isinstance(future, cf.Future)
+        assert future.result(timeout=30) == 7
+
+
+def test_map_keeps_input_order_over_several_iterables(ctx):
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        assert list(p.map(tasks.add, range(20), range(0, 40, 2))) == [3 * i for i in range(20)]
+
+
+@pytest.mark.parametrize("chunksize", [1, 3, 50])
+def test_map_chunks_give_the_same_results(ctx, chunksize):
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        assert list(p.map(tasks.square, range(23), chunksize=chunksize)) == [
+            i * i for i in range(23)]
+
+
+def test_map_raises_at_the_failing_item(ctx):
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        results = p.map(tasks.square, [1, 2, "x", 4])
+        assert next(results) == 1
+        assert next(results) == 4
+        with pytest.raises(TypeError):
+            next(results)
+
+
+def test_map_timeout_raises_timeout_error(ctx, tmp_path):
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        gate = tmp_path / "gate"
+        results = p.map(tasks.wait_for_file, [str(gate)], timeout=0.2)
+        with pytest.raises(TimeoutError):
+            next(results)
+        gate.touch()
+
+
+def test_map_with_buffersize_reads_its_input_lazily(ctx):
+    consumed = []
+
+    def numbers():
+        for i in itertools.count():
+            consumed.append(i)
+            yield i
+
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        results = p.map(tasks.square, numbers(), buffersize=3)
+        assert [next(results) for _ in range(5)] == [0, 1, 4, 9, 16]
+        assert len(consumed) <= 5 + 3
+        results.close()
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({"chunksize": 0}, ValueError), ({"buffersize": 0}, ValueError),
+    ({"buffersize": 1.5}, TypeError)])
+def test_map_rejects_bad_arguments(kwargs, error):
+    with pool.ProcessPool(1) as p:
+        with pytest.raises(error):
+            p.map(tasks.square, [1], **kwargs)
+
+
+def test_exceptions_keep_type_message_and_worker_frames(ctx):
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        with pytest.raises(ValueError, match="^custom$") as info:
+            p.submit(tasks.raise_value_error, "custom").result(timeout=30)
+    frames = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
+    assert "raise_value_error" in frames  # the worker's own frame, not a text blob
+
+
+def test_exception_chains_are_kept(ctx):
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        error = p.submit(tasks.raise_chained).exception(timeout=30)
+    assert type(error) is RuntimeError
+    assert type(error.__context__) is FileNotFoundError and error.__context__.errno == 2
+    assert type(error.__context__.__cause__) is KeyError
+    assert "raise_chained" in "".join(traceback.format_exception(error))
+
+
+def test_cancel_works_on_queued_not_on_running(ctx, tmp_path):
+    gate = tmp_path / "gate"
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        running = p.submit(tasks.wait_for_file, str(gate), "done")
+        queued = p.submit(tasks.square, 3)
+        while not running.running():
+            running.exception(timeout=0.01) if running.done() else threading.Event().wait(0.01)
+        assert queued.cancel()
+        assert not running.cancel()
+        gate.touch()
+        assert running.result(timeout=30) == "done"
+        assert queued.cancelled()
+
+
+def test_shutdown_cancel_futures_cancels_what_has_not_started(ctx, tmp_path):
+    gate = tmp_path / "gate"
+    p = pool.ProcessPool(1, mp_context=ctx)
+    running = p.submit(tasks.wait_for_file, str(gate), "done")
+    queued = [p.submit(tasks.square, i) for i in range(5)]
+    while not running.running():
+        threading.Event().wait(0.01)
+    p.shutdown(wait=False, cancel_futures=True)
+    gate.touch()
+    p.shutdown(wait=True)
+    assert running.result() == "done"
+    assert all(f.cancelled() for f in queued)
+
+
+def test_submit_after_shutdown_raises_runtime_error(ctx):
+    p = pool.ProcessPool(1, mp_context=ctx)
+    p.submit(tasks.square, 2).result(timeout=30)
+    p.shutdown()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        p.submit(tasks.square, 2)
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        p.map(tasks.square, [1])
+
+
+def test_shutdown_without_wait_still_finishes_submitted_work(ctx):
+    p = pool.ProcessPool(2, mp_context=ctx)
+    futures = [p.submit(tasks.square, i) for i in range(10)]
+    p.shutdown(wait=False)
+    assert [f.result(timeout=30) for f in futures] == [i * i for i in range(10)]
+    p.shutdown(wait=True)
+
+
+def test_wait_and_as_completed(ctx):
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        futures = [p.submit(tasks.square, i) for i in range(8)]
+        done, not_done = cf.wait(futures, timeout=30)
+        assert not not_done
+        assert sorted(f.result() for f in cf.as_completed(futures, timeout=30)) == [
+            i * i for i in range(8)]
+        first = cf.wait([p.submit(tasks.raise_value_error)], return_when=cf.FIRST_EXCEPTION)
+        assert len(first.done) == 1
+
+
+def test_asyncio_wrap_future(ctx):
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        async def main():
+            return await asyncio.wrap_future(p.submit(tasks.square, 7))
+        assert asyncio.run(main()) == 49
+
+
+def test_run_in_executor(ctx):
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        async def main():
+            return await asyncio.get_running_loop().run_in_executor(p, tasks.square, 5)
+        assert asyncio.run(main()) == 25
+
+
+def test_context_manager_leaves_no_workers(ctx):
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        pids = set(p.map(tasks.pid_of_worker, range(10)))
+        assert all(process_exists(pid) for pid in pids)
+    assert not any(process_exists(pid) for pid in pids)  # reaped by the time shutdown returns
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({"max_workers": 0}, ValueError), ({"max_workers": -1}, ValueError),
+    ({"initializer": 5}, TypeError), ({"max_tasks_per_child": 0}, ValueError),
+    ({"max_tasks_per_child": "3"}, TypeError)])
+def test_constructor_rejects_bad_arguments(kwargs, error):
+    with pytest.raises(error):
+        pool.ProcessPool(**kwargs)
+
+
+def test_default_start_method_is_forkserver_on_linux():
+    assert pool.ProcessPool()._mp_context.get_start_method() == "forkserver"
+
+
+def test_max_tasks_per_child_replaces_workers_on_every_start_method(ctx):
+    with pool.ProcessPool(1, mp_context=ctx, max_tasks_per_child=2) as p:
+        pids = [p.submit(tasks.pid_of_worker).result(timeout=30) for _ in range(6)]
+    assert pids[0] == pids[1] and pids[2] == pids[3] and pids[4] == pids[5]
+    assert len(set(pids)) == 3
+
+
+def test_initializer_runs_in_every_worker(ctx):
+    with pool.ProcessPool(2, mp_context=ctx, initializer=tasks.init_sets,
+                          initargs=("ready",)) as p:
+        assert set(p.map(tasks.read_init_value, range(6))) == {"ready"}
+
+
+def test_lambdas_and_closures_work(ctx):
+    offset = 10
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        assert p.submit(lambda x: x + offset, 5).result(timeout=30) == 15
+        assert list(p.map(lambda x: x * offset, range(3), chunksize=2)) == [0, 10, 20]
+        assert p.submit(tasks.return_lambda).result(timeout=30)() == 42
+
+
+def test_unpicklable_argument_raises_from_submit_in_the_caller():
+    with pool.ProcessPool(1) as p:
+        with pytest.raises(pool.ArgumentPicklingError, match="argument 1 .*lock") as info:
+            p.submit(tasks.add, 1, threading.Lock())
+        assert isinstance(info.value, __import__("pickle").PicklingError)
+        with pytest.raises(pool.ArgumentPicklingError, match="keyword argument 'c'"):
+            p.submit(tasks.add, 1, c=threading.Lock())
+        with pytest.raises(pool.ArgumentPicklingError):
+            p.map(tasks.identity, [1, threading.Lock()])
+        assert p.submit(tasks.square, 3).result(timeout=30) == 9  # and the pool is fine
+
+
+def test_future_can_be_awaited_from_many_threads(ctx):
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        future = p.submit(tasks.sleep_then, 0.1, "x")
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(future.result(30)))
+                   for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results == ["x"] * 4
+
+
+def test_submit_from_many_threads(ctx):
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        with cf.ThreadPoolExecutor(8) as threads:
+            futures = list(threads.map(lambda i: p.submit(tasks.square, i), range(200)))
+        assert [f.result(timeout=60) for f in futures] == [i * i for i in range(200)]

@@ -1,0 +1,243 @@
+"""The slot/task state machine, driven by events alone: no processes, a fake clock."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from pool._state import (MAX_START_FAILURES, Broken, Cancel, Escalation, FailBroken, FailDied,
+                         FailMisbehaved, InvalidTransition, Phase, Resolve, Send, Signal,
+                         SlotState, Spawn, StateMachine, Stop, TaskState, Timeouts, Unreaped)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def machine(workers: int = 2, **kwargs: object) -> tuple[StateMachine, FakeClock]:
+    clock = FakeClock()
+    return StateMachine(workers, clock, **kwargs), clock  # type: ignore[arg-type]
+
+
+def start(m: StateMachine, *slots: int) -> list:
+    actions = []
+    for slot in slots:
+        actions += m.worker_ready(slot)
+    return actions
+
+
+def test_first_submit_spawns_one_worker_and_sends_when_ready():
+    m, _ = machine(2)
+    assert m.submit(1) == [Spawn(0)]
+    assert m.slots[0].state is SlotState.STARTING
+    assert m.worker_ready(0) == [Send(0, 1)]
+    assert m.task_state(1) is TaskState.RUNNING
+
+
+def test_workers_start_on_demand_up_to_max():
+    m, _ = machine(2)
+    assert m.submit(1) == [Spawn(0)]
+    assert m.submit(2) == [Spawn(1)]
+    assert m.submit(3) == []  # both slots starting; no third worker exists
+    assert start(m, 0, 1) == [Send(0, 1), Send(1, 2)]
+    assert m.queued == [3]
+
+
+def test_reply_resolves_and_assigns_next():
+    m, _ = machine(1)
+    m.submit(1), m.submit(2)
+    start(m, 0)
+    assert m.task_replied(0, 1) == [Resolve(1), Send(0, 2)]
+    assert m.task_state(1) is None and m.task_state(2) is TaskState.RUNNING
+
+
+def test_reply_for_a_task_not_running_is_rejected():
+    m, _ = machine(1)
+    m.submit(1)
+    start(m, 0)
+    with pytest.raises(InvalidTransition):
+        m.task_replied(0, 99)
+
+
+def test_death_fails_only_the_running_task_and_refills_the_slot():
+    m, _ = machine(2)
+    for task in (1, 2, 3):
+        m.submit(task)
+    start(m, 0, 1)
+    actions = m.worker_exited(0)
+    assert actions == [FailDied(1, 0), Spawn(0)]
+    assert m.task_state(2) is TaskState.RUNNING  # on the other worker, untouched
+    assert m.queued == [3]
+    assert start(m, 0) == [Send(0, 3)]
+
+
+def test_death_requeues_tasks_received_but_not_started_at_the_front():
+    m, _ = machine(1, pipeline_depth=3)
+    for task in (1, 2, 3, 4):
+        m.submit(task, pipelinable=True)
+    assert start(m, 0) == [Send(0, 1), Send(0, 2), Send(0, 3)]
+    assert [m.task_state(t) for t in (1, 2, 3)] == [TaskState.RUNNING, TaskState.ASSIGNED,
+                                                    TaskState.ASSIGNED]
+    actions = m.worker_exited(0)
+    assert actions == [FailDied(1, 0), Spawn(0)]  # 2 and 3 are not failed
+    assert m.queued == [2, 3, 4]  # and keep their place ahead of 4
+    assert start(m, 0) == [Send(0, 2), Send(0, 3), Send(0, 4)]
+
+
+def test_large_tasks_are_not_pipelined_behind_a_running_one():
+    m, _ = machine(1, pipeline_depth=2)
+    m.submit(1, pipelinable=True)
+    m.submit(2, pipelinable=False)
+    assert start(m, 0) == [Send(0, 1)]
+    assert m.task_replied(0, 1) == [Resolve(1), Send(0, 2)]
+
+
+def test_idle_worker_death_is_refilled_without_touching_tasks():
+    m, _ = machine(1)
+    m.submit(1)
+    start(m, 0)
+    m.task_replied(0, 1)
+    assert m.worker_exited(0) == [Spawn(0)]
+
+
+def test_repeated_start_failures_break_the_pool_and_fail_waiting_tasks():
+    m, _ = machine(1)
+    m.submit(1), m.submit(2)
+    actions = []
+    for _ in range(MAX_START_FAILURES):
+        actions = m.worker_exited(0)  # died while STARTING
+    assert actions == [Broken(), FailBroken(1), FailBroken(2)]
+    assert m.broken and m.slots[0].state is SlotState.EMPTY
+    assert m.submit(3) == [FailBroken(3)]  # no spawn: no fork loop
+
+
+def test_a_completed_task_resets_the_start_failure_count():
+    m, _ = machine(1)
+    m.submit(1)
+    for _ in range(MAX_START_FAILURES - 1):
+        m.worker_exited(0)
+    start(m, 0)
+    m.task_replied(0, 1)
+    assert m.start_failures == 0
+
+
+def test_max_tasks_per_child_retires_then_refills():
+    m, _ = machine(1, max_tasks_per_child=2)
+    for task in (1, 2, 3):
+        m.submit(task)
+    start(m, 0)
+    assert m.task_replied(0, 1) == [Resolve(1), Send(0, 2)]
+    assert m.slots[0].state is SlotState.RETIRING
+    assert m.task_replied(0, 2) == [Resolve(2), Stop(0)]
+    assert m.worker_exited(0) == [Spawn(0)]
+    assert start(m, 0) == [Send(0, 3)]
+
+
+def test_cancelled_before_send_is_withdrawn():
+    m, _ = machine(1)
+    m.submit(1), m.submit(2)
+    assert start(m, 0) == [Send(0, 1)]
+    assert m.task_cancelled(0, 1) == [Send(0, 2)]
+    assert m.task_state(1) is None
+
+
+def test_failed_send_requeues_and_kills_the_worker():
+    m, clock = machine(2)
+    m.submit(1)
+    start(m, 0)
+    actions = m.send_failed(0, 1)
+    assert actions[0] == Signal(0, signal.SIGKILL)
+    assert m.task_state(1) is TaskState.QUEUED
+    assert m.slots[0].state is SlotState.STOPPING
+    assert m.worker_exited(0)[:1] == [Spawn(0)]  # nothing failed: it never ran
+
+
+def test_misbehaving_worker_fails_its_task_and_is_killed():
+    m, _ = machine(1)
+    m.submit(1)
+    start(m, 0)
+    assert m.worker_misbehaved(0) == [FailMisbehaved(1, 0), Signal(0, signal.SIGKILL)]
+    assert m.worker_exited(0) == [Spawn(0)]
+
+
+def test_shutdown_finishes_queued_work_then_stops_every_worker():
+    m, _ = machine(1)
+    m.submit(1), m.submit(2)
+    start(m, 0)
+    assert m.shutdown(cancel_futures=False) == []
+    assert m.task_replied(0, 1) == [Resolve(1), Send(0, 2)]
+    assert m.task_replied(0, 2) == [Resolve(2), Stop(0)]
+    assert m.phase is Phase.DRAINING
+    assert m.worker_exited(0) == []
+    assert m.closed
+
+
+def test_shutdown_with_cancel_futures_cancels_only_queued():
+    m, _ = machine(1)
+    for task in (1, 2, 3):
+        m.submit(task)
+    start(m, 0)
+    assert m.shutdown(cancel_futures=True) == [Cancel(2), Cancel(3)]
+    assert m.task_replied(0, 1) == [Resolve(1), Stop(0)]
+
+
+def test_shutdown_of_an_unused_pool_closes_at_once():
+    m, _ = machine(2)
+    assert m.shutdown(cancel_futures=False) == []
+    assert m.closed
+
+
+def test_submit_after_shutdown_is_an_internal_error():
+    m, _ = machine(1)
+    m.shutdown(cancel_futures=False)
+    with pytest.raises(InvalidTransition):
+        m.submit(1)
+
+
+def test_stop_escalates_terminate_then_kill_then_reports():
+    m, clock = machine(1, timeouts=Timeouts(stop=3, terminate=2, kill=5))
+    m.submit(1)
+    start(m, 0)
+    m.task_replied(0, 1)
+    assert m.shutdown(cancel_futures=False) == [Stop(0)]
+    assert m.next_deadline() == clock.now + 3
+    assert m.tick() == []
+    clock.now += 3
+    assert m.tick() == [Signal(0, signal.SIGTERM)]
+    clock.now += 2
+    assert m.tick() == [Signal(0, signal.SIGKILL)]
+    clock.now += 5
+    assert m.tick() == [Unreaped(0)]
+    assert m.slots[0].escalation is Escalation.GIVEN_UP and m.next_deadline() is None
+    assert m.worker_exited(0) == [] and m.closed
+
+
+def test_starting_worker_is_stopped_when_no_longer_needed():
+    m, _ = machine(2)
+    m.submit(1), m.submit(2)  # slot 0 and slot 1 start
+    start(m, 0)               # slot 0 takes task 1; task 2 waits for slot 1
+    assert m.shutdown(cancel_futures=True) == [Cancel(2), Stop(1)]
+    assert m.worker_ready(1) == []  # stopped while starting: it gets nothing
+    assert m.worker_exited(1) == []
+    assert m.start_failures == 0  # asked to stop: its exit is not a failed start
+    assert m.task_replied(0, 1) == [Resolve(1), Stop(0)]
+    assert m.worker_exited(0) == [] and m.closed
+
+
+def test_stop_now_kills_every_live_worker():
+    m, _ = machine(2)
+    m.submit(1), m.submit(2)
+    start(m, 0)
+    actions = m.stop_now()
+    assert set(actions) == {Signal(0, signal.SIGKILL), Signal(1, signal.SIGKILL)}
+
+
+def test_every_transition_outside_the_tables_is_refused():
+    m, _ = machine(1)
+    with pytest.raises(InvalidTransition):
+        m.worker_ready(0)  # UNUSED -> READY skips STARTING
