@@ -291,6 +291,7 @@ class Dispatcher:
         # reaped; the join waits out that moment (the process is already exiting).
         exitcode = _teardown.reap(worker.process, timeout=_REAP_SECONDS)
         crash_report = _teardown.read_crash_report(worker.crash_fd)
+        unstarted = self._count_unstarted(slot, worker)
         self._close_worker(slot, worker)
         running = self._machine.slots[slot].in_flight
         state = self._machine.slots[slot].state
@@ -299,8 +300,25 @@ class Dispatcher:
         elif not running and state is not _state.SlotState.STOPPING:
             logger.warning("%s: idle worker pid %d died (%s); replacing it", self.name,
                            worker.pid, describe_exit(exitcode))
-        self._perform(self._machine.worker_exited(slot),
+        self._perform(self._machine.worker_exited(slot, unstarted=unstarted),
                       death=(worker.pid, exitcode, crash_report))
+
+    def _count_unstarted(self, slot: int, worker: _Worker) -> int:
+        """How many of the tasks last sent to a dead worker it never finished reading.
+
+        A worker can die just after sending a reply, when the dispatcher has already
+        written it the next task: bytes left in its task pipe prove that task never ran.
+        """
+        if worker.task_fd is None:
+            return 0
+        unread = _teardown.unread_bytes(worker.task_fd)
+        count, later_frames = 0, 0
+        for task_id in reversed(self._machine.slots[slot].in_flight):
+            if unread <= later_frames:
+                break
+            count += 1
+            later_frames += _wire.HEADER.size + len(self._tasks[task_id].body)
+        return count
 
     def _note_start_failure(self, worker: _Worker, exitcode: int | None,
                             crash_report: str | None) -> None:

@@ -342,13 +342,17 @@ class StateMachine:
         """Starting the process raised in the parent: counts as a failed start."""
         return self.worker_exited(index)
 
-    def worker_exited(self, index: int) -> list[Action]:
-        """The slot's process is gone (and its last replies were already delivered)."""
+    def worker_exited(self, index: int, *, unstarted: int = 0) -> list[Action]:
+        """The slot's process is gone (and its last replies were already delivered).
+
+        ``unstarted``: how many of the last tasks sent to it were still (partly) unread in
+        its pipe, so certainly never started: they are requeued, even the first.
+        """
         slot = self.slots[index]
         actions: list[Action] = []
         if slot.state is SlotState.STARTING:
             self.start_failures += 1
-        if slot.in_flight:
+        if slot.in_flight and unstarted < len(slot.in_flight):
             running = slot.in_flight.popleft()
             self._move_task(self._tasks[running], TaskState.FAILED)
             actions.append(FailDied(running, index))

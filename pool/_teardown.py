@@ -27,6 +27,22 @@ def signal_worker(pid: int, signum: int) -> None:
             pass  # a setuid program in the group; the worker itself is still signalled
 
 
+def unread_bytes(fd: int) -> int:
+    """Bytes written into a pipe that its reader has not taken (0 where unknown).
+
+    Linux answers FIONREAD on either end of a pipe, even after the reader has exited.
+    """
+    try:
+        import array
+        import fcntl
+        import termios
+        count = array.array("i", [0])
+        fcntl.ioctl(fd, termios.FIONREAD, count, True)
+        return count[0]
+    except (ImportError, OSError):
+        return 0
+
+
 def read_crash_report(fd: int) -> str | None:
     """What the worker's faulthandler wrote into its crash-report file, if anything."""
     try:

@@ -110,8 +110,8 @@ def run_script(body: str, method: str, tmp_path: Path, *, timeout: float = 90,
     forkserver workers can import its ``__main__``) with a hard timeout; returns the
     dict it passed to ``report()`` and the completed process."""
     script = tmp_path / "scenario.py"
-    script.write_text(PRELUDE.format(tests=str(TESTS_DIR), repo=str(REPO_DIR))
-                      + textwrap.dedent(body))
+    guarded = "\nif __name__ == '__main__':\n" + textwrap.indent(textwrap.dedent(body), "    ")
+    script.write_text(PRELUDE.format(tests=str(TESTS_DIR), repo=str(REPO_DIR)) + guarded)
     env = dict(os.environ, POOL_TEST_START_METHOD=method, PYTHONFAULTHANDLER="1")
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=str(tmp_path))

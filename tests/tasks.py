@@ -180,11 +180,15 @@ def write_garbage():
     time.sleep(30)
 
 
-def write_partial_then_hang():
+def write_partial_then_hang(pid_file):
+    """Half a reply frame, then silence: the dispatcher must not block reading it."""
     from pool import _wire, _worker
     header = _wire.HEADER.pack(_wire.MAGIC, _wire.Kind.RESULT, _worker._current_task_id, 1000)
     os.write(_worker._reply_fd, header + b"x" * 10)
-    time.sleep(30)
+    with open(pid_file + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(pid_file + ".tmp", pid_file)
+    time.sleep(60)
 
 
 def init_fails():

@@ -89,6 +89,17 @@ def test_death_requeues_tasks_received_but_not_started_at_the_front():
     assert start(m, 0) == [Send(0, 2), Send(0, 3), Send(0, 4)]
 
 
+def test_tasks_left_unread_in_the_pipe_are_requeued_even_the_first():
+    m, _ = machine(1, pipeline_depth=2)
+    m.submit(1, pipelinable=True), m.submit(2, pipelinable=True)
+    start(m, 0)
+    assert m.worker_exited(0, unstarted=2) == [Spawn(0)]  # it died before reading either
+    assert m.queued == [1, 2]
+    start(m, 0)
+    assert m.worker_exited(0, unstarted=1) == [FailDied(1, 0), Spawn(0)]
+    assert m.queued == [2]
+
+
 def test_large_tasks_are_not_pipelined_behind_a_running_one():
     m, _ = machine(1, pipeline_depth=2)
     m.submit(1, pipelinable=True)

@@ -1,0 +1,207 @@
+"""The table of faults: each kind of failure at each stage of a task's life.
+
+One child interpreter per start method runs every row against one pool (with a hard
+timeout); each row submits the faulty call between healthy ones, and the tests below check
+that exactly the faulty future failed, with the right explanation, and that the pool and
+its neighbours were unaffected.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import START_METHODS, process_exists, run_script
+
+DEATHS = {"segfault": ("SIGSEGV", "Segmentation fault"), "abort": ("SIGABRT", "Aborted"),
+          "sigkill": ("SIGKILL", None), "exit": (None, None)}
+
+# (row id, how to make the faulty call) -- evaluated in the child interpreter.
+ROWS = {
+    **{f"receive-{e}": f"p.submit(tasks.take_argument, tasks.UnpickleBomb({e!r}, os.getpid()))"
+       for e in [*DEATHS, "raise"]},
+    **{f"run-{e}": f"p.submit(tasks.do_effect, {e!r})" for e in [*DEATHS, "raise"]},
+    **{f"reply-{e}": f"p.submit(tasks.return_pickle_bomb, {e!r})" for e in [*DEATHS, "raise"]},
+    "parent-receive-raise": "p.submit(tasks.return_unpickle_bomb_for_parent, 'raise')",
+    "exception-needs-init-args": "p.submit(tasks.raise_needs_two_args)",
+    "exception-unpicklable": "p.submit(tasks.raise_unpicklable)",
+    "exception-fails-in-parent": "p.submit(tasks.raise_fails_in_parent)",
+    "result-lambda": "p.submit(tasks.return_lambda)",
+    "reply-then-die": "p.submit(tasks.reply_then_die, 'delivered')",
+    "garbage-reply": "p.submit(tasks.write_garbage)",
+    "partial-frame-then-hang": "p.submit(tasks.write_partial_then_hang, 'hung.pid')",
+}
+
+SCENARIO = '''
+rows = {rows!r}
+results = {{}}
+worker_pids = set()
+with pool.ProcessPool(2, mp_context=CTX) as p:
+    for row, make_call in rows.items():
+        before = p.submit(tasks.square, 3)
+        faulty = eval(make_call)
+        after = [p.submit(tasks.square, i) for i in range(4)]
+        outcome = {{"neighbours": [before.result(60)] + [f.result(60) for f in after]}}
+        if row == "partial-frame-then-hang":
+            # The others completed while half a frame sat in the pipe: nothing wedged.
+            # Now end the silent worker from outside.
+            helpers.wait_until(lambda: os.path.exists("hung.pid"), 30)
+            os.kill(int(open("hung.pid").read()), signal.SIGKILL)
+        error = faulty.exception(timeout=60)
+        if error is None:
+            value = faulty.result()
+            outcome["result"] = value() if callable(value) else value
+        else:
+            outcome.update(type=type(error).__name__, text=str(error),
+                           mro=[c.__name__ for c in type(error).__mro__],
+                           notes=getattr(error, "__notes__", []))
+            for attr in ("pid", "exitcode", "signal_name", "crash_report", "a", "b",
+                         "type_name", "stage", "reason", "remote_traceback"):
+                if hasattr(error, attr):
+                    outcome[attr] = getattr(error, attr)
+            if isinstance(error, pool.WorkerDied):
+                worker_pids.add(error.pid)
+                outcome["task_name"] = error.task.function_name
+        results[row] = outcome
+    try:
+        p.submit(tasks.identity, threading.Lock())
+    except pool.ArgumentPicklingError as exc:
+        results["submit-unpicklable"] = {{"type": "ArgumentPicklingError", "text": str(exc)}}
+    worker_pids.update(p.map(tasks.pid_of_worker, range(20)))
+report(results=results, worker_pids=sorted(worker_pids))
+'''
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    """Runs the whole table once per start method (in a child interpreter)."""
+    cache = {}
+
+    def get(method):
+        if method not in cache:
+            facts, _ = run_script(SCENARIO.format(rows=ROWS), method,
+                                  tmp_path_factory.mktemp(method), timeout=240)
+            cache[method] = facts
+        return cache[method]
+    return get
+
+
+def _row(table, method, row):
+    outcome = table(method)["results"][row]
+    assert outcome.get("neighbours", [9, 0, 1, 4, 9]) == [9, 0, 1, 4, 9]
+    return outcome
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+@pytest.mark.parametrize("stage", ["receive", "run", "reply"])
+@pytest.mark.parametrize("effect", list(DEATHS))
+def test_a_death_fails_only_its_task_with_an_explanation(table, method, stage, effect):
+    outcome = _row(table, method, f"{stage}-{effect}")
+    signal_name, fatal_error = DEATHS[effect]
+    assert outcome["type"] == "WorkerDied"
+    assert "BrokenProcessPool" in outcome["mro"]
+    assert outcome["signal_name"] == signal_name
+    assert outcome["exitcode"] == (3 if effect == "exit" else -{"SIGSEGV": 11, "SIGABRT": 6,
+                                                               "SIGKILL": 9}[signal_name])
+    assert f"worker pid {outcome['pid']} died" in outcome["text"]
+    task = {"receive": "take_argument", "run": "do_effect", "reply": "return_pickle_bomb"}[stage]
+    assert outcome["task_name"] == f"tasks.{task}"
+    assert f"tasks.{task}(" in outcome["text"]
+    if fatal_error:  # the Python stack of the crash site, written while dying
+        assert f"Fatal Python error: {fatal_error}" in outcome["crash_report"]
+        site = {"receive": "_detonate_on_unpickle", "run": "do_effect",
+                "reply": "__reduce__"}[stage]
+        assert f"in {site}" in outcome["crash_report"]
+        assert outcome["crash_report"] in outcome["text"]
+    elif effect == "sigkill":
+        assert "killed from outside" in outcome["text"]
+        assert outcome["crash_report"] is None
+    else:
+        assert "exit code 3" in outcome["text"]
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_raise_while_unpickling_arguments_in_the_worker(table, method):
+    outcome = _row(table, method, "receive-raise")
+    assert outcome["type"] == "ValueError" and outcome["text"] == "effect"
+    assert any("unpickling the task's function or arguments" in n for n in outcome["notes"])
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_raise_while_running(table, method):
+    outcome = _row(table, method, "run-raise")
+    assert outcome["type"] == "ValueError" and outcome["text"] == "effect"
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_result_that_fails_to_pickle_in_the_worker(table, method):
+    outcome = _row(table, method, "reply-raise")
+    assert outcome["type"] == "ResultTransferError"
+    assert outcome["stage"] == "pickling in the worker"
+    assert outcome["type_name"] == "PickleBomb" and "ValueError: effect" in outcome["reason"]
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_result_that_fails_to_unpickle_in_the_parent(table, method):
+    outcome = _row(table, method, "parent-receive-raise")
+    assert outcome["type"] == "ResultTransferError"
+    assert outcome["stage"] == "unpickling in the parent"
+    assert "ValueError: effect" in outcome["reason"]
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_exception_whose_init_needs_arguments_comes_back_as_itself(table, method):
+    outcome = _row(table, method, "exception-needs-init-args")
+    assert outcome["type"] == "NeedsTwoArgs" and (outcome["a"], outcome["b"]) == (1, 2)
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_exception_that_cannot_be_pickled_arrives_as_text(table, method):
+    outcome = _row(table, method, "exception-unpicklable")
+    assert outcome["type"] == "RemoteTaskError"
+    assert outcome["type_name"] == "tasks.Unpicklable"
+    assert "has a lock" in outcome["text"]
+    assert "in raise_unpicklable" in outcome["remote_traceback"]
+    assert "pickling in the worker failed" in outcome["reason"]
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_exception_that_cannot_be_unpickled_in_the_parent_arrives_as_text(table, method):
+    outcome = _row(table, method, "exception-fails-in-parent")
+    assert outcome["type"] == "RemoteTaskError"
+    assert "only the worker can read me" in outcome["text"]
+    assert "unpickling in the parent failed" in outcome["reason"]
+    assert "in raise_fails_in_parent" in outcome["remote_traceback"]
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_lambda_results_travel_by_value(table, method):
+    assert _row(table, method, "result-lambda")["result"] == 42
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_a_reply_sent_before_death_is_delivered(table, method):
+    assert _row(table, method, "reply-then-die")["result"] == "delivered"
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+@pytest.mark.parametrize("row", ["garbage-reply", "partial-frame-then-hang"])
+def test_bytes_that_are_not_a_reply_fail_the_task_and_replace_the_worker(table, method, row):
+    outcome = _row(table, method, row)
+    if row == "garbage-reply":
+        assert outcome["type"] == "WorkerProtocolError"
+        assert "not a reply" in outcome["text"] and "tasks.write_garbage()" in outcome["text"]
+    else:  # the half frame is dropped with the worker, which the scenario killed
+        assert outcome["type"] == "WorkerDied" and outcome["signal_name"] == "SIGKILL"
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_unpicklable_argument_raises_from_submit(table, method):
+    outcome = table(method)["results"]["submit-unpicklable"]
+    assert outcome["type"] == "ArgumentPicklingError" and "argument 0" in outcome["text"]
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_nothing_is_left_behind(table, method):
+    facts = table(method)
+    assert facts["children_left"] == [] and facts["threads_left"] == []
+    assert not [pid for pid in facts["worker_pids"] if process_exists(pid)]
