@@ -40,6 +40,7 @@ import queue
 import signal
 import threading
 import time
+import traceback
 import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import wait
@@ -324,8 +325,9 @@ class Dispatcher:
                             crash_report: str | None) -> None:
         cause = worker.start_error
         if cause is not None:
-            text = getattr(cause, "remote_traceback", None) or _format(cause)
-            self._last_start_failure = f"the initializer raised:\n{text}"
+            text = getattr(cause, "remote_traceback", None) or "".join(
+                traceback.format_exception(cause))
+            self._last_start_failure = f"the initializer raised:\n{text.rstrip()}"
         else:
             self._last_start_failure = (f"worker pid {worker.pid} ended while starting "
                                         f"({describe_exit(exitcode)})")

@@ -231,3 +231,15 @@ def fate_of(seed):
     if roll < 0.03:
         return "raises"
     return "ok"
+
+
+def append_then_fail(path):
+    with open(path, "a") as f:
+        f.write("start\n")
+    raise RuntimeError("initializer says no")
+
+
+def fail_first_time(marker):
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError("first start fails")

@@ -1,0 +1,193 @@
+"""Refill, start failures, internal failure, callbacks, and the pool's own end of life."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import os
+import signal
+import threading
+
+import pytest
+
+import pool
+import tasks
+from helpers import START_METHODS, process_exists, run_script, wait_until
+
+THOUSAND_DEATHS = '''
+import gc
+def fds():
+    return len(os.listdir("/proc/self/fd"))
+def kids():
+    return len(helpers.children_of(os.getpid()) - helpers.helper_pids())
+with pool.ProcessPool(2, mp_context=CTX) as p:
+    # Two tasks that can only finish together: both workers are started.
+    both = [p.submit(tasks.wait_for_file, os.path.abspath("gate")) for _ in range(2)]
+    helpers.wait_until(lambda: all(f.running() for f in both), 60)
+    open("gate", "w").close()
+    [f.result(60) for f in both]
+    p.submit(tasks.exit_hard, 3).exception(60)        # one death so every path has run
+    p.submit(tasks.square, 1).result(60)
+    fds_warm, kids_warm = fds(), kids()
+    deaths = [p.submit(tasks.exit_hard, 3) for _ in range(1000)]
+    died = sum(isinstance(f.exception(120), pool.WorkerDied) for f in deaths)
+    assert p.submit(tasks.square, 4).result(60) == 16
+    fds_after, kids_after = fds(), kids()
+report(died=died, fds_warm=fds_warm, fds_after=fds_after, kids_warm=kids_warm,
+       kids_after=kids_after)
+'''
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_a_thousand_deaths_leave_no_descriptors_or_children(method, tmp_path):
+    facts, _ = run_script(THOUSAND_DEATHS, method, tmp_path, timeout=300)
+    assert facts["died"] == 1000
+    assert facts["fds_after"] == facts["fds_warm"]
+    # Under fork and spawn the workers are our children; under forkserver, the server's.
+    assert facts["kids_after"] == facts["kids_warm"] <= 2
+    assert facts["children_left"] == [] and facts["threads_left"] == []
+
+
+def test_idle_worker_death_is_replaced_and_logged(ctx, caplog):
+    caplog.set_level(logging.WARNING, logger="pool")
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        first = p.submit(tasks.pid_of_worker).result(30)
+        os.kill(first, signal.SIGKILL)
+        assert wait_until(lambda: any(f"idle worker pid {first} died" in r.getMessage()
+                                      for r in caplog.records))
+        second = p.submit(tasks.pid_of_worker).result(30)  # no future failed
+        assert second != first
+
+
+def test_workers_lead_their_own_process_groups(ctx):
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        for pid in set(p.map(tasks.pid_of_worker, range(8))):
+            assert os.getpgid(pid) == pid
+
+
+def test_failing_initializer_stops_respawning_and_fails_waiting_futures(ctx, tmp_path):
+    log = tmp_path / "starts"
+    with pool.ProcessPool(2, mp_context=ctx, initializer=tasks.append_then_fail,
+                          initargs=(str(log),)) as p:
+        futures = [p.submit(tasks.square, i) for i in range(5)]
+        for future in futures:
+            error = future.exception(60)
+            assert isinstance(error, pool.InitializerError)
+            assert isinstance(error, cf.process.BrokenProcessPool)
+            assert "initializer says no" in str(error)
+            assert "in append_then_fail" in str(error)  # the remote traceback, as text
+            assert isinstance(error.__cause__, RuntimeError)  # and as the exception itself
+        with pytest.raises(pool.InitializerError):
+            p.submit(tasks.square, 1)
+    starts = log.read_text().count("start")
+    assert pool._state.MAX_START_FAILURES <= starts <= pool._state.MAX_START_FAILURES + 2
+
+
+def test_initializer_that_kills_its_worker_breaks_the_pool_without_a_fork_loop(ctx):
+    with pool.ProcessPool(1, mp_context=ctx, initializer=tasks.exit_hard, initargs=(4,)) as p:
+        error = p.submit(tasks.square, 2).exception(60)
+    assert isinstance(error, pool.InitializerError)
+    assert "ended while starting (exit code 4)" in str(error)
+
+
+def test_a_flaky_initializer_is_retried(ctx, tmp_path):
+    marker = tmp_path / "failed-once"
+    with pool.ProcessPool(1, mp_context=ctx, initializer=tasks.fail_first_time,
+                          initargs=(str(marker),)) as p:
+        assert p.submit(tasks.square, 5).result(60) == 25
+
+
+INTERNAL_FAILURE = '''
+gate = os.path.abspath("gate")
+p = pool.ProcessPool(2, mp_context=CTX)
+running = [p.submit(tasks.wait_for_file, gate) for _ in range(2)]
+queued = [p.submit(tasks.square, i) for i in range(3)]
+pids = set()
+while len(pids) < 2:
+    pids |= helpers.children_of(os.getpid()) - helpers.helper_pids()
+p._dispatcher._injected_fault = RuntimeError("injected")
+p._dispatcher._wakeup.wake()
+errors = [f.exception(30) for f in running + queued]
+try:
+    p.submit(tasks.square, 1)
+    later = None
+except pool.PoolInternalError as exc:
+    later = str(exc)
+p.shutdown()
+report(errors=[type(e).__name__ for e in errors],
+       causes=[repr(e.__cause__) for e in errors], later=later,
+       alive=[pid for pid in pids if helpers.process_exists(pid)])
+'''
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_dispatcher_failure_resolves_every_future_and_kills_workers(method, tmp_path):
+    facts, _ = run_script(INTERNAL_FAILURE, method, tmp_path, timeout=60)
+    assert facts["errors"] == ["PoolInternalError"] * 5
+    assert all("RuntimeError('injected')" == cause for cause in facts["causes"])
+    assert "injected" in facts["later"]
+    assert facts["alive"] == [] and facts["children_left"] == []
+
+
+def test_callbacks_never_run_on_the_dispatcher_thread(ctx, caplog):
+    seen = []
+    release = threading.Event()
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        dispatcher = p._dispatcher.thread
+        blocked = p.submit(tasks.square, 1)
+        blocked.add_done_callback(lambda f: (seen.append(threading.current_thread()),
+                                             release.wait(30)))
+        raising = p.submit(tasks.square, 2)
+        raising.add_done_callback(lambda f: (_ for _ in ()).throw(SystemExit("from callback")))
+        # The first callback is blocked; results keep coming regardless.
+        assert [p.submit(tasks.square, i).result(30) for i in range(5)] == [0, 1, 4, 9, 16]
+        release.set()
+    assert seen and all(t is not dispatcher for t in seen)
+    assert wait_until(lambda: any("raised" in r.getMessage() for r in caplog.records))
+
+
+def test_future_runs_callbacks_through_invoke_callbacks():
+    # PoolFuture keeps callbacks off the dispatcher by overriding this private method.
+    assert callable(getattr(cf.Future, "_invoke_callbacks", None))
+
+
+def test_a_pool_dropped_without_shutdown_finishes_and_cleans_up(ctx):
+    p = pool.ProcessPool(1, mp_context=ctx)
+    future = p.submit(tasks.square, 6)
+    thread = p._dispatcher.thread
+    del p  # the finalizer asks for a shutdown that lets submitted work finish
+    assert future.result(30) == 36
+    thread.join(30)
+    assert not thread.is_alive()
+
+
+EXIT_WITHOUT_SHUTDOWN = '''
+p = pool.ProcessPool(1, mp_context=CTX)
+f = p.submit(tasks.sleep_then, 0.2, "late")
+pid = p.submit(tasks.pid_of_worker).result(30)
+print("WORKER", pid, flush=True)
+'''
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_interpreter_exit_waits_for_submitted_work_and_reaps(method, tmp_path):
+    _, proc = run_script(EXIT_WITHOUT_SHUTDOWN, method, tmp_path, timeout=60)
+    pid = int(proc.stdout.split("WORKER")[1].split()[0])
+    assert not process_exists(pid)
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_workers_exit_when_the_parent_is_killed(method, tmp_path):
+    body = '''
+p = pool.ProcessPool(2, mp_context=CTX)
+pids = sorted(set(p.map(tasks.pid_of_worker, range(4))) | {p.submit(tasks.pid_of_worker).result(30)})
+gate = os.path.abspath("gate")
+busy = [p.submit(tasks.wait_for_file, gate) for _ in range(2)]  # mid-task when we die
+print("WORKERS", json.dumps(pids), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+'''
+    _, proc = run_script(body, method, tmp_path, timeout=60, expect_exit=-signal.SIGKILL)
+    pids = __import__("json").loads(proc.stdout.split("WORKERS")[1].splitlines()[0])
+    assert pids
+    assert wait_until(lambda: not any(process_exists(pid) for pid in pids), 5), pids
