@@ -9,7 +9,7 @@ import ctypes
 import os
 import signal
 import sys
-from typing import TextIO
+from typing import Any, Callable, TextIO
 
 from ._errors import WorkerDied
 from ._executor import ProcessPool
@@ -30,10 +30,11 @@ def killed_from_outside() -> None:
 def run_demo(out: TextIO = sys.stdout, start_method: str | None = None) -> int:
     import multiprocessing
     context = multiprocessing.get_context(start_method) if start_method else None
-    calls = [(sum_of_squares, 10), (segfault,), (sum_of_squares, 100),
-             (killed_from_outside,), (sum_of_squares, 1000), (sum_of_squares, 10_000)]
+    calls: list[tuple[Callable[..., Any], tuple[int, ...]]] = [
+        (sum_of_squares, (10,)), (segfault, ()), (sum_of_squares, (100,)),
+        (killed_from_outside, ()), (sum_of_squares, (1000,)), (sum_of_squares, (10_000,))]
     with ProcessPool(max_workers=2, mp_context=context) as pool:
-        futures = [pool.submit(*call) for call in calls]
+        futures = [pool.submit(fn, *args) for fn, args in calls]
         failures = 0
         for number, future in enumerate(futures, 1):
             error = future.exception(timeout=60)

@@ -206,7 +206,7 @@ class Dispatcher:
             raise self._injected_fault
         deadline = self._machine.next_deadline()
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-        ready = set(wait(self._watched(), timeout))
+        ready: set[int] = set(wait(self._watched(), timeout))  # type: ignore[arg-type]
         self.drain_wakeups(ready)
         self.deliver_replies(ready)
         self.handle_exits(ready)

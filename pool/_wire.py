@@ -195,7 +195,7 @@ def dumps_callable(fn: Callable[..., Any]) -> bytes:
         except Exception:
             pass  # a lambda or closure: fall through to pickling by value
     try:
-        return cloudpickle.dumps(_KeepFilename.wrap(fn), PROTOCOL)
+        return bytes(cloudpickle.dumps(_KeepFilename.wrap(fn), PROTOCOL))
     except Exception as exc:
         raise ArgumentPicklingError(
             f"cannot pickle the function {callable_name(fn)}: {type(exc).__name__}: {exc}"
@@ -250,7 +250,7 @@ def dumps_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
     except Exception:
         pass
     try:
-        return cloudpickle.dumps((args, kwargs), PROTOCOL)
+        return bytes(cloudpickle.dumps((args, kwargs), PROTOCOL))
     except Exception as exc:
         raise _name_unpicklable_argument(fn, args, kwargs) from exc
 
@@ -290,7 +290,7 @@ def encode_result(value: Any) -> tuple[Kind, bytes]:
     except Exception:
         pass
     try:
-        return Kind.RESULT, cloudpickle.dumps(value, PROTOCOL)
+        return Kind.RESULT, bytes(cloudpickle.dumps(value, PROTOCOL))
     except Exception as exc:
         reason = f"{type(exc).__name__}: {exc}"
         return Kind.UNSENDABLE, pickle.dumps((type(value).__qualname__, reason), PROTOCOL)
@@ -346,8 +346,9 @@ def encode_exception(exc: BaseException) -> bytes:
     type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
     message = _safe_str(exc)
     try:
-        blob: bytes | None = _pickle_with_traceback(exc)
-        pickle.loads(blob)
+        checked = _pickle_with_traceback(exc)
+        pickle.loads(checked)
+        blob: bytes | None = checked
         reason = ""
     except Exception as err:
         blob, reason = None, f"{type(err).__name__}: {err}"

@@ -243,3 +243,16 @@ def fail_first_time(marker):
     if not os.path.exists(marker):
         open(marker, "w").close()
         raise RuntimeError("first start fails")
+
+
+def announce_then_wait(pid_dir, gate, value=None):
+    """Write this worker's pid into ``pid_dir``, then block until ``gate`` exists."""
+    path = os.path.join(pid_dir, str(os.getpid()))
+    with open(path + ".tmp", "w"):
+        pass
+    os.rename(path + ".tmp", path)
+    return wait_for_file(gate, value, timeout=60)
+
+
+def announced_pids(pid_dir):
+    return {int(name) for name in os.listdir(pid_dir) if name.isdigit()}

@@ -99,12 +99,12 @@ def test_a_flaky_initializer_is_retried(ctx, tmp_path):
 
 INTERNAL_FAILURE = '''
 gate = os.path.abspath("gate")
+os.mkdir("pids")
 p = pool.ProcessPool(2, mp_context=CTX)
-running = [p.submit(tasks.wait_for_file, gate) for _ in range(2)]
+running = [p.submit(tasks.announce_then_wait, "pids", gate) for _ in range(2)]
 queued = [p.submit(tasks.square, i) for i in range(3)]
-pids = set()
-while len(pids) < 2:
-    pids |= helpers.children_of(os.getpid()) - helpers.helper_pids()
+helpers.wait_until(lambda: len(tasks.announced_pids("pids")) == 2, 60)
+pids = tasks.announced_pids("pids")
 p._dispatcher._injected_fault = RuntimeError("injected")
 p._dispatcher._wakeup.wake()
 errors = [f.exception(30) for f in running + queued]

@@ -1,0 +1,61 @@
+"""The public surface: what ``pool`` exports, and the README's promises about commands."""
+
+from __future__ import annotations
+
+import pickle
+import re
+from concurrent.futures.process import BrokenProcessPool
+
+import pool
+from helpers import REPO_DIR
+
+PUBLIC = ["ProcessPool", "ProcessPoolExecutor", "WorkerDied", "InitializerError",
+          "PoolInternalError", "WorkerProtocolError", "RemoteTaskError", "ResultTransferError",
+          "ArgumentPicklingError", "TaskInfo"]
+
+
+def test_all_is_pinned():
+    assert sorted(pool.__all__) == sorted(PUBLIC)
+    for name in PUBLIC:
+        assert getattr(pool, name).__doc__, f"{name} has no docstring"
+
+
+def test_pool_errors_are_caught_by_stdlib_handlers():
+    for error in (pool.WorkerDied, pool.InitializerError, pool.PoolInternalError,
+                  pool.WorkerProtocolError):
+        assert issubclass(error, BrokenProcessPool)
+
+
+def test_errors_pickle_with_their_message():
+    info = pool.TaskInfo(7, len, ([1, 2, 3],), {"key": "v" * 200})
+    errors = [pool.WorkerDied(123, -11, info, "Fatal Python error: Segmentation fault"),
+              pool.InitializerError("failed", "Traceback ..."),
+              pool.RemoteTaskError("mod.E", "msg", "Traceback ...", "why"),
+              pool.ResultTransferError("Thing", "pickling in the worker", "TypeError: x")]
+    for error in errors:
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error)
+
+
+def test_worker_died_message_names_everything():
+    info = pool.TaskInfo(7, len, ([1, 2, 3],), {"key": "v" * 200})
+    text = str(pool.WorkerDied(123, -9, info))
+    assert "pid 123" in text and "SIGKILL" in text and "task 7: builtins.len([1, 2, 3]" in text
+    assert "..." in text  # long arguments are shortened
+    assert pool.WorkerDied(5, 3, info).signal_name is None
+
+
+def _readme_commands():
+    text = (REPO_DIR / "README.rst").read_text()
+    return re.findall(r"^    (python3 -m venv .*)$", text, re.M)
+
+
+def test_readme_starts_with_the_demo_and_test_commands():
+    demo, tests = _readme_commands()[:2]
+    assert "-m pool demo" in demo
+    assert "tox" in tests
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    ci = (REPO_DIR / ".ci" / "run").read_text()
+    assert _readme_commands()[1] in ci.splitlines()

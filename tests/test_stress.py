@@ -1,0 +1,75 @@
+"""Thousands of tasks while workers die at random: every future resolves, and only the
+tasks whose worker died fail. Short by default; ``--stress-seconds N`` runs longer."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+
+import pool
+import tasks
+
+
+def test_random_deaths_fail_only_their_own_tasks(ctx, request):
+    seconds = request.config.getoption("--stress-seconds")
+    deadline = time.monotonic() + seconds
+    seed_base = 0
+    while True:
+        _one_batch(ctx, seed_base, 3000)
+        seed_base += 3000
+        if time.monotonic() >= deadline:
+            break
+
+
+def _one_batch(ctx, seed_base, count):
+    known_pids: list[int] = []   # workers that have run a task: READY, fair game to kill
+    killed: set[int] = set()
+    stop = threading.Event()
+    rng = random.Random(seed_base)
+
+    def killer():
+        while not stop.wait(0.05):
+            if known_pids:
+                pid = rng.choice(known_pids)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.add(pid)
+                except ProcessLookupError:
+                    pass
+
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        def note_pid(future):
+            if not future.exception():
+                known_pids.append(future.result()[1])
+
+        thread = threading.Thread(target=killer)
+        thread.start()
+        try:
+            futures = {}
+            for seed in range(seed_base, seed_base + count):
+                futures[seed] = p.submit(tasks.random_fate, seed)
+                futures[seed].add_done_callback(note_pid)
+            outcomes = {seed: f.exception(120) for seed, f in futures.items()}
+        finally:
+            stop.set()
+            thread.join()
+        assert p.submit(tasks.square, 3).result(60) == 9  # still working
+
+    external = 0
+    for seed, error in outcomes.items():
+        fate = tasks.fate_of(seed)
+        if fate == "raises":
+            assert isinstance(error, ValueError), (seed, error)
+        elif fate == "dies":
+            assert isinstance(error, pool.WorkerDied), (seed, error)
+            assert error.task.args == (seed,)
+        elif error is not None:  # only a kill from outside may fail a healthy task
+            assert isinstance(error, pool.WorkerDied) and error.signal_name == "SIGKILL"
+            assert error.pid in killed, (seed, error)
+            external += 1
+        else:
+            assert futures[seed].result()[0] == seed
+    assert external <= len(killed)
