@@ -132,6 +132,7 @@ class Dispatcher:
         self._lock = threading.Lock()
         self._commands: queue.SimpleQueue[Submit | Shutdown] = queue.SimpleQueue()
         self._task_ids = itertools.count(1)
+        self._owner_pid = os.getpid()
         self._closing = False
         self.broken_error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -143,6 +144,10 @@ class Dispatcher:
     def check_open(self) -> None:
         """Raise what ``submit`` would raise now (caller thread; call under ``_lock``
         to be sure, or before pickling, to fail early)."""
+        if os.getpid() != self._owner_pid:
+            # A fork() of the parent copied this object but not its dispatcher thread.
+            raise RuntimeError(f"this pool belongs to process {self._owner_pid}; a forked "
+                               f"child ({os.getpid()}) cannot use it")
         if self.broken_error is not None:
             raise _fresh(self.broken_error)
         if self._closing:

@@ -256,3 +256,24 @@ def announce_then_wait(pid_dir, gate, value=None):
 
 def announced_pids(pid_dir):
     return {int(name) for name in os.listdir(pid_dir) if name.isdigit()}
+
+
+class CountsPickling:
+    """A callable that counts, in the process that pickles it, how often it was pickled."""
+
+    pickled = 0
+
+    def __call__(self, x):
+        return x + 1
+
+    def __reduce__(self):
+        type(self).pickled += 1
+        return (CountsPickling, ())
+
+
+def make_bytes(size):
+    return bytes(range(256)) * (size // 256)
+
+
+def byte_sum(data):
+    return len(data), sum(data[::4096])

@@ -6,13 +6,15 @@ import concurrent.futures as cf
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
 
 import pool
 import tasks
-from helpers import START_METHODS, process_exists, run_script, wait_until
+from helpers import REPO_DIR, START_METHODS, process_exists, run_script, wait_until
 
 THOUSAND_DEATHS = '''
 import gc
@@ -191,3 +193,62 @@ os.kill(os.getpid(), signal.SIGKILL)
     pids = __import__("json").loads(proc.stdout.split("WORKERS")[1].splitlines()[0])
     assert pids
     assert wait_until(lambda: not any(process_exists(pid) for pid in pids), 5), pids
+
+
+def test_a_task_sent_to_a_worker_that_dies_before_reading_it_runs_elsewhere(ctx):
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        dying = p.submit(tasks.reply_then_die, "last words")
+        # Sent the moment the reply arrives, while the worker is exiting: never read.
+        following = [p.submit(tasks.square, i) for i in range(5)]
+        assert dying.result(30) == "last words"
+        assert [f.result(30) for f in following] == [0, 1, 4, 9, 16]
+
+
+def test_map_pickles_the_function_once(ctx):
+    tasks.CountsPickling.pickled = 0
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        assert list(p.map(tasks.CountsPickling(), range(50))) == list(range(1, 51))
+        assert list(p.map(tasks.CountsPickling(), range(50), chunksize=7)) == list(range(1, 51))
+    assert tasks.CountsPickling.pickled == 2
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_functions_of_an_unimportable_main_work(method):
+    code = (f"import multiprocessing as mp, pool\n"
+            f"scale = 3\n"
+            f"def triple(x):\n    return x * scale\n"
+            f"if __name__ == '__main__':\n"
+            f"    with pool.ProcessPool(2, mp_context=mp.get_context({method!r})) as p:\n"
+            f"        print(list(p.map(triple, range(4))), p.submit(lambda: 'lambda').result())\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=str(REPO_DIR))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[0, 3, 6, 9] lambda"
+
+
+def test_large_payloads_cross_both_ways_intact(ctx):
+    size = 24 * 1024 * 1024
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        data = p.submit(tasks.make_bytes, size).result(60)
+        assert data == tasks.make_bytes(size)
+        assert p.submit(tasks.byte_sum, data).result(60) == tasks.byte_sum(data)
+
+
+def test_a_forked_copy_of_the_parent_cannot_use_the_pool():
+    with pool.ProcessPool(1) as p:
+        p.submit(tasks.square, 2).result(30)
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report what submit did, and leave without cleanup
+            try:
+                p.submit(tasks.square, 2)
+                message = b"no error"
+            except RuntimeError as exc:
+                message = str(exc).encode()
+            os.write(write_end, message)
+            os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as reader:
+            message = reader.read().decode()
+        os.waitpid(pid, 0)
+    assert "cannot use it" in message
