@@ -9,20 +9,22 @@
    _wakeup.wake()                             *reply fds, *sentinels],           run fn(*args)
                                               timeout=next deadline)             write_frame(RESULT
  future.result() ◄── _resolve ◄─   drain_wakeups   (Submit, Shutdown)                   | RAISED)
- done-callbacks ◄── CallbackRunner deliver_replies (FrameReader per worker)
- (own thread)                      handle_exits    (sentinel → WorkerDied)     _watch_parent:
-                                   fire_deadlines  (stop escalation)             lifeline hang-up
-                                   _perform(actions of the StateMachine:         → killpg, exit
-                                     Spawn, Send, Resolve, Fail*, Stop, Signal)
+ done-callbacks ◄── CallbackRunner deliver_replies (WorkerHandle.read: FrameReader)
+ (own thread)                      handle_exits    (WorkerHandle.finish → WorkerDied)
+                                   fire_deadlines  (stop escalation)            _watch_parent:
+                                   _perform(actions of the StateMachine:         lifeline hang-up
+                                     Spawn, Send, Resolve, Fail*, Stop, Signal)  → killpg, exit
 
-Owns: the ``StateMachine``, the task records, the worker processes with their pipes,
-sentinels and crash-report files, the pool's lifeline pipe, and the wakeup handle.
+Owns: the ``StateMachine``, the task records, one ``WorkerHandle`` per live worker, the
+pool's lifeline pipe, and the wakeup handle.
 Runs in: the dispatcher thread, except the methods marked "caller thread".
 Guarantees:
 - replies already written by a worker are delivered before its exit is handled, so a task
   that returned before its worker died succeeds;
-- no user code runs here: callbacks go to the ``CallbackRunner``, and messages that repr
-  user objects are built lazily by the exceptions themselves;
+- no user callback runs here: done-callbacks go to the ``CallbackRunner``, and messages
+  that repr user objects are built lazily by the exceptions themselves. (Unpickling a
+  result does run its reducers here, as in the stdlib; any error they raise fails only
+  that task's future.)
 - the loop ends in a firewall: if it raises, every unresolved future gets
   ``PoolInternalError`` chained to the cause, every worker is killed, and later submits
   raise it;
@@ -41,19 +43,18 @@ import signal
 import threading
 import time
 import traceback
-import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import wait
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from . import _state, _teardown, _wire
+from . import _exit, _state, _teardown, _wire
 from ._errors import (InitializerError, PoolInternalError, TaskInfo, WorkerDied,
                       WorkerProtocolError, describe_exit)
 from ._futures import CallbackRunner, PoolFuture, install_on_dispatcher_thread
 from ._state import StateMachine
 from ._wakeup import Wakeup
-from ._wire import Frame, FrameReader, Kind
-from ._worker import InheritedFd, WorkerSetup, worker_main
+from ._wire import Frame, Kind
+from ._worker_handle import Exit, WorkerHandle
 
 logger = logging.getLogger("pool")
 
@@ -62,8 +63,6 @@ _dispatcher_numbers = itertools.count(1)
 # Frames this small can wait in a worker's pipe behind a running task without ever making
 # the dispatcher block on the write (a pipe holds 64 KiB on Linux).
 PIPELINE_MAX_BYTES = 16 * 1024
-# How long a worker whose sentinel fired may take to become reapable.
-_REAP_SECONDS = 5.0
 
 
 @dataclass(eq=False)
@@ -87,28 +86,6 @@ class Shutdown:
     cancel_futures: bool
 
 
-class _Worker:
-    """One live worker process and the parent's ends of its descriptors."""
-
-    def __init__(self, process: Any, task_fd: int, reply_fd: int, crash_fd: int) -> None:
-        self.process = process
-        self.pid: int = process.pid
-        self.sentinel: int = process.sentinel
-        self.task_fd: int | None = task_fd
-        self.reader = FrameReader(reply_fd)
-        self.crash_fd = crash_fd
-        self.start_error: BaseException | None = None  # from an INIT_FAILED frame
-
-    def parent_fds(self) -> list[int]:
-        fds = [self.reader.fd, self.crash_fd, self.sentinel]
-        return fds + ([self.task_fd] if self.task_fd is not None else [])
-
-    def close_task_pipe(self) -> None:
-        if self.task_fd is not None:
-            _teardown.close_fds(self.task_fd)
-            self.task_fd = None
-
-
 class Dispatcher:
     def __init__(self, *, max_workers: int, mp_context: Any, initializer: bytes | None,
                  max_tasks_per_child: int | None, pipeline_depth: int = 1,
@@ -122,7 +99,7 @@ class Dispatcher:
                                      max_tasks_per_child=max_tasks_per_child,
                                      pipeline_depth=pipeline_depth, timeouts=timeouts)
         self._tasks: dict[int, TaskRecord] = {}
-        self._workers: dict[int, _Worker] = {}  # slot index -> live worker
+        self._workers: dict[int, WorkerHandle] = {}  # slot index -> live worker
         self._last_start_failure: str = ""
         self._last_start_cause: BaseException | None = None
         self._callbacks = CallbackRunner(f"{self.name}-callbacks")
@@ -152,7 +129,7 @@ class Dispatcher:
             raise _fresh(self.broken_error)
         if self._closing:
             raise RuntimeError("cannot schedule new futures after shutdown")
-        if _interpreter_exiting:
+        if _exit.interpreter_exiting:
             raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
     def submit(self, make_info: Callable[[int], TaskInfo], body: bytes) -> PoolFuture:
@@ -191,8 +168,7 @@ class Dispatcher:
         self._lifeline = os.pipe()
         self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
-        _live_dispatchers.add(self)
-        _register_exit_hook()
+        _exit.shut_down_at_exit(self)
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -222,8 +198,8 @@ class Dispatcher:
         fds = [self._wakeup.reader]
         for worker in self._workers.values():
             fds.append(worker.sentinel)
-            if not (worker.reader.eof or worker.reader.error):
-                fds.append(worker.reader.fd)  # at end of file it would be ready forever
+            if worker.watch_replies:
+                fds.append(worker.reader.fd)
         return fds
 
     def drain_wakeups(self, ready: set[int]) -> None:
@@ -231,11 +207,7 @@ class Dispatcher:
         if self._wakeup.reader not in ready:
             return
         self._wakeup.drain()  # before reading the queue, so no wake() is lost
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return
+        for command in self._take_commands():
             if isinstance(command, Submit):
                 record = command.record
                 self._tasks[record.info.task_id] = record
@@ -243,6 +215,13 @@ class Dispatcher:
                     record.info.task_id, pipelinable=len(record.body) <= PIPELINE_MAX_BYTES))
             else:
                 self._perform(self._machine.shutdown(cancel_futures=command.cancel_futures))
+
+    def _take_commands(self) -> Iterator[Submit | Shutdown]:
+        while True:
+            try:
+                yield self._commands.get_nowait()
+            except queue.Empty:
+                return
 
     def deliver_replies(self, ready: set[int]) -> None:
         for slot, worker in list(self._workers.items()):
@@ -260,11 +239,9 @@ class Dispatcher:
 
     # -- replies and exits ----------------------------------------------------------------------
 
-    def _read_worker(self, slot: int, worker: _Worker) -> None:
+    def _read_worker(self, slot: int, worker: WorkerHandle) -> None:
         reader = worker.reader
-        if reader.eof or reader.error:
-            return
-        for frame in reader.read_available():
+        for frame in worker.read():
             if not self._accept_frame(slot, worker, frame):
                 reader.error = f"unexpected {frame.kind.name} frame for task {frame.task_id}"
                 break
@@ -273,7 +250,7 @@ class Dispatcher:
                          reader.error)
             self._perform(self._machine.worker_misbehaved(slot))
 
-    def _accept_frame(self, slot: int, worker: _Worker, frame: Frame) -> bool:
+    def _accept_frame(self, slot: int, worker: WorkerHandle, frame: Frame) -> bool:
         """Act on one frame; False if the frame makes no sense in the slot's state."""
         machine_slot = self._machine.slots[slot]
         if frame.kind is Kind.READY:
@@ -290,34 +267,28 @@ class Dispatcher:
             self._perform(self._machine.task_replied(slot, frame.task_id))
         return True
 
-    def _worker_gone(self, slot: int, worker: _Worker) -> None:
-        # Its process group first, while the unreaped leader still pins the group id.
-        _teardown.signal_worker(worker.pid, signal.SIGKILL)
-        # The sentinel can report the exit a moment before the kernel lets the process be
-        # reaped; the join waits out that moment (the process is already exiting).
-        exitcode = _teardown.reap(worker.process, timeout=_REAP_SECONDS)
-        crash_report = _teardown.read_crash_report(worker.crash_fd)
-        unstarted = self._count_unstarted(slot, worker)
-        self._close_worker(slot, worker)
+    def _worker_gone(self, slot: int, worker: WorkerHandle) -> None:
+        ended = worker.finish()
+        del self._workers[slot]
+        if ended.exitcode is None:
+            logger.error("%s: worker pid %d exited but could not be reaped", self.name,
+                         ended.pid)
         running = self._machine.slots[slot].in_flight
         state = self._machine.slots[slot].state
         if state is _state.SlotState.STARTING:
-            self._note_start_failure(worker, exitcode, crash_report)
+            self._note_start_failure(worker, ended)
         elif not running and state is not _state.SlotState.STOPPING:
             logger.warning("%s: idle worker pid %d died (%s); replacing it", self.name,
-                           worker.pid, describe_exit(exitcode))
-        self._perform(self._machine.worker_exited(slot, unstarted=unstarted),
-                      death=(worker.pid, exitcode, crash_report))
+                           ended.pid, describe_exit(ended.exitcode))
+        unstarted = self._count_unstarted(slot, ended.unread_task_bytes)
+        self._perform(self._machine.worker_exited(slot, unstarted=unstarted), death=ended)
 
-    def _count_unstarted(self, slot: int, worker: _Worker) -> int:
+    def _count_unstarted(self, slot: int, unread: int) -> int:
         """How many of the tasks last sent to a dead worker it never finished reading.
 
         A worker can die just after sending a reply, when the dispatcher has already
         written it the next task: bytes left in its task pipe prove that task never ran.
         """
-        if worker.task_fd is None:
-            return 0
-        unread = _teardown.unread_bytes(worker.task_fd)
         count, later_frames = 0, 0
         for task_id in reversed(self._machine.slots[slot].in_flight):
             if unread <= later_frames:
@@ -326,40 +297,33 @@ class Dispatcher:
             later_frames += _wire.HEADER.size + len(self._tasks[task_id].body)
         return count
 
-    def _note_start_failure(self, worker: _Worker, exitcode: int | None,
-                            crash_report: str | None) -> None:
+    def _note_start_failure(self, worker: WorkerHandle, ended: Exit) -> None:
         cause = worker.start_error
         if cause is not None:
             text = getattr(cause, "remote_traceback", None) or "".join(
                 traceback.format_exception(cause))
             self._last_start_failure = f"the initializer raised:\n{text.rstrip()}"
         else:
-            self._last_start_failure = (f"worker pid {worker.pid} ended while starting "
-                                        f"({describe_exit(exitcode)})")
-            if crash_report:
-                self._last_start_failure += f"\nCrash report:\n{crash_report}"
+            self._last_start_failure = (f"worker pid {ended.pid} ended while starting "
+                                        f"({describe_exit(ended.exitcode)})")
+            if ended.crash_report:
+                self._last_start_failure += f"\nCrash report:\n{ended.crash_report}"
         self._last_start_cause = cause
         logger.warning("%s: worker failed to start: %s", self.name, self._last_start_failure)
 
-    def _close_worker(self, slot: int, worker: _Worker) -> None:
-        worker.close_task_pipe()
-        _teardown.close_fds(worker.reader.fd, worker.crash_fd)
-        del self._workers[slot]
-
     # -- actions -------------------------------------------------------------------------------
 
-    def _perform(self, actions: list[_state.Action],
-                 death: tuple[int, int | None, str | None] | None = None) -> None:
-        """Carry out actions in order; ``death`` is (pid, exit code, crash report) of the
-        worker whose exit produced them, for ``FailDied``."""
+    def _perform(self, actions: list[_state.Action], death: Exit | None = None) -> None:
+        """Carry out actions in order; ``death`` describes the worker whose exit produced
+        them, for ``FailDied``."""
         work = list(actions)
         while work:
             action = work.pop(0)
             if isinstance(action, _state.FailDied):
                 assert death is not None
                 record = self._tasks.pop(action.task_id)
-                _resolve(record.future, None, WorkerDied(death[0], death[1], record.info,
-                                                         death[2]))
+                _resolve(record.future, None, WorkerDied(death.pid, death.exitcode, record.info,
+                                                         death.crash_report))
             else:
                 work += self._perform_one(action)
 
@@ -387,7 +351,7 @@ class Dispatcher:
         elif isinstance(action, _state.Stop):
             self._workers[action.slot].close_task_pipe()
         elif isinstance(action, _state.Signal):
-            _teardown.signal_worker(self._workers[action.slot].pid, action.signum)
+            self._workers[action.slot].signal(action.signum)
         elif isinstance(action, _state.Unreaped):
             logger.error("%s: worker pid %d is still alive after SIGKILL; giving up on it",
                          self.name, self._workers[action.slot].pid)
@@ -404,10 +368,8 @@ class Dispatcher:
                 self._tasks.pop(record.info.task_id)
                 return self._machine.task_cancelled(slot, record.info.task_id)
             record.marked_running = True
-        worker = self._workers[slot]
-        assert worker.task_fd is not None
         try:
-            _wire.write_frame(worker.task_fd, Kind.CALL, record.info.task_id, record.body)
+            self._workers[slot].send(record.info.task_id, record.body)
         except BrokenPipeError:
             # It died before reading: the task never started; its sentinel follows.
             return self._machine.send_failed(slot, record.info.task_id)
@@ -415,33 +377,20 @@ class Dispatcher:
 
     def _spawn(self, slot: int) -> list[_state.Action]:
         assert self._lifeline is not None
-        task_r, task_w = os.pipe()
-        reply_r, reply_w = os.pipe()
-        crash_fd = _teardown.make_crash_file()
-        inherited: tuple[int, ...] = ()
+        inherited = None
         if self._fork:  # a forked child holds copies of everything: say what to close
-            inherited = (task_w, reply_r, self._lifeline[1], *self._wakeup_fds(),
+            inherited = (self._lifeline[1], *self._wakeup_fds(),
                          *(fd for w in self._workers.values() for fd in w.parent_fds()))
-        setup = WorkerSetup(task_fd=InheritedFd(task_r), reply_fd=InheritedFd(reply_w),
-                            lifeline_fd=InheritedFd(self._lifeline[0]),
-                            crash_fd=InheritedFd(crash_fd), parent_pid=os.getpid(),
-                            initializer=self._initializer, max_tasks=self._max_tasks,
-                            fds_to_close=inherited)
-        process = self._ctx.Process(target=worker_main, args=(setup,),
-                                    name=f"{self.name}-worker-{slot}")
         try:
-            process.start()
+            self._workers[slot] = WorkerHandle.start(
+                self._ctx, f"{self.name}-worker-{slot}", lifeline_fd=self._lifeline[0],
+                initializer=self._initializer, max_tasks=self._max_tasks,
+                inherited_fds=inherited)
         except Exception as exc:
-            _teardown.close_fds(task_r, task_w, reply_r, reply_w, crash_fd)
             self._last_start_failure = f"starting the process failed: {_format(exc)}"
             self._last_start_cause = exc
             logger.warning("%s: %s", self.name, self._last_start_failure)
             return self._machine.spawn_failed(slot)
-        finally:
-            del setup
-        _teardown.close_fds(task_r, reply_w)  # the child's ends
-        os.set_blocking(reply_r, False)
-        self._workers[slot] = _Worker(process, task_w, reply_r, crash_fd)
         return []
 
     def _wakeup_fds(self) -> tuple[int, ...]:
@@ -463,33 +412,27 @@ class Dispatcher:
         error.__cause__ = cause
         with self._lock:
             self.broken_error = error
-        pending: list[TaskRecord] = list(self._tasks.values())
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(command, Submit):
-                pending.append(command.record)
+        pending = list(self._tasks.values())
+        pending += [c.record for c in self._take_commands() if isinstance(c, Submit)]
         for record in pending:
             _resolve(record.future, None, _fresh(error))
         self._tasks.clear()
         for worker in self._workers.values():
-            _teardown.signal_worker(worker.pid, signal.SIGKILL)
+            worker.signal(signal.SIGKILL)
 
     def _release(self) -> None:
         """Reap every worker left (only after a failure) and close every descriptor."""
         for slot, worker in list(self._workers.items()):
-            if _teardown.reap(worker.process, timeout=5.0) is None:
+            if worker.finish().exitcode is None:
                 logger.error("%s: worker pid %d could not be reaped", self.name, worker.pid)
-            self._close_worker(slot, worker)
+            del self._workers[slot]
         assert self._wakeup is not None and self._lifeline is not None
         with self._lock:
             self._closing = True
         self._wakeup.close()
         _teardown.close_fds(*self._lifeline)
         self._callbacks.close()
-        _live_dispatchers.discard(self)
+        _exit.forget(self)
 
 
 def _resolve(future: PoolFuture, result: Any, exception: BaseException | None) -> None:
@@ -513,35 +456,3 @@ def _fresh(error: BaseException) -> BaseException:
 
 def _format(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
-
-
-# --- interpreter exit ----------------------------------------------------------------------
-
-_live_dispatchers: weakref.WeakSet[Dispatcher] = weakref.WeakSet()
-_interpreter_exiting = False
-_exit_hook_registered = False
-
-
-def _shutdown_all_at_exit() -> None:
-    """Keep the stdlib's promise: submitted work finishes before the interpreter exits."""
-    global _interpreter_exiting
-    _interpreter_exiting = True
-    for dispatcher in list(_live_dispatchers):
-        dispatcher.shutdown(wait=True, cancel_futures=False)
-
-
-def _register_exit_hook() -> None:
-    global _exit_hook_registered
-    if _exit_hook_registered:
-        return
-    _exit_hook_registered = True
-    # Runs before non-daemon threads are joined, as ProcessPoolExecutor's own hook does, so a
-    # thread waiting for a result does not hold up the exit.
-    register = getattr(threading, "_register_atexit", None)
-    try:
-        if register is None:
-            raise RuntimeError
-        register(_shutdown_all_at_exit)
-    except RuntimeError:
-        import atexit
-        atexit.register(_shutdown_all_at_exit)

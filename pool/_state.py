@@ -22,7 +22,10 @@ import enum
 import signal
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Union
+from typing import Callable
+
+from ._actions import (Action, Broken, Cancel, FailBroken, FailDied, FailMisbehaved, Resolve,
+                       Send, Signal, Spawn, Stop, Unreaped)
 
 __all__ = [
     "TaskState", "SlotState", "Phase", "Escalation", "InvalidTransition", "StateMachine",
@@ -89,79 +92,6 @@ class Escalation(enum.Enum):
     TERMINATED = "terminated"  # SIGTERM sent to it and its process group
     KILLED = "killed"          # SIGKILL sent to it and its process group
     GIVEN_UP = "given up"      # still not gone after SIGKILL's grace: reported, not assumed
-
-
-# --- actions --------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Spawn:
-    slot: int
-
-
-@dataclass(frozen=True)
-class Send:
-    slot: int
-    task_id: int
-
-
-@dataclass(frozen=True)
-class Resolve:
-    """The task's reply is final: deliver it to the future."""
-    task_id: int
-
-
-@dataclass(frozen=True)
-class FailDied:
-    """The task's worker died while running it."""
-    task_id: int
-    slot: int
-
-
-@dataclass(frozen=True)
-class FailMisbehaved:
-    """The task's worker sent bytes that are not a reply."""
-    task_id: int
-    slot: int
-
-
-@dataclass(frozen=True)
-class FailBroken:
-    """The pool stopped starting workers; this queued task cannot run."""
-    task_id: int
-
-
-@dataclass(frozen=True)
-class Cancel:
-    """shutdown(cancel_futures=True) cancels this queued task."""
-    task_id: int
-
-
-@dataclass(frozen=True)
-class Stop:
-    """Ask the slot's worker to exit (close its task pipe)."""
-    slot: int
-
-
-@dataclass(frozen=True)
-class Signal:
-    """Send a signal to the slot's worker and to its process group."""
-    slot: int
-    signum: int
-
-
-@dataclass(frozen=True)
-class Broken:
-    """Workers failed to start too often in a row: the pool starts no more."""
-
-
-@dataclass(frozen=True)
-class Unreaped:
-    """The slot's process survived SIGKILL's grace period: report it by pid."""
-    slot: int
-
-
-Action = Union[Spawn, Send, Resolve, FailDied, FailMisbehaved, FailBroken, Cancel, Stop,
-               Signal, Broken, Unreaped]
 
 
 # --- records ----------------------------------------------------------------------------------

@@ -1,0 +1,83 @@
+"""The actions the state machine asks the dispatcher to carry out.
+
+Owns: nothing but these value types. Runs in: the dispatcher thread.
+Guarantees: each is immutable and names its slot or task by index or id, never by object.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+
+@dataclass(frozen=True)
+class Spawn:
+    slot: int
+
+
+@dataclass(frozen=True)
+class Send:
+    slot: int
+    task_id: int
+
+
+@dataclass(frozen=True)
+class Resolve:
+    """The task's reply is final: deliver it to the future."""
+    task_id: int
+
+
+@dataclass(frozen=True)
+class FailDied:
+    """The task's worker died while running it."""
+    task_id: int
+    slot: int
+
+
+@dataclass(frozen=True)
+class FailMisbehaved:
+    """The task's worker sent bytes that are not a reply."""
+    task_id: int
+    slot: int
+
+
+@dataclass(frozen=True)
+class FailBroken:
+    """The pool stopped starting workers; this queued task cannot run."""
+    task_id: int
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """shutdown(cancel_futures=True) cancels this queued task."""
+    task_id: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Ask the slot's worker to exit (close its task pipe)."""
+    slot: int
+
+
+@dataclass(frozen=True)
+class Signal:
+    """Send a signal to the slot's worker and to its process group."""
+    slot: int
+    signum: int
+
+
+@dataclass(frozen=True)
+class Broken:
+    """Workers failed to start too often in a row: the pool starts no more."""
+
+
+@dataclass(frozen=True)
+class Unreaped:
+    """The slot's process survived SIGKILL's grace period: report it by pid."""
+    slot: int
+
+
+Action = Union[Spawn, Send, Resolve, FailDied, FailMisbehaved, FailBroken, Cancel, Stop,
+               Signal, Broken, Unreaped]
+
+
