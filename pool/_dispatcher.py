@@ -156,6 +156,9 @@ class Dispatcher:
             self._wakeup.wake()
             if wait and self._thread is not threading.current_thread():
                 self._thread.join()
+                # As with the stdlib, whose manager thread runs them: every callback of a
+                # resolved future has run when shutdown(wait=True) returns.
+                self._callbacks.join()
 
     @property
     def thread(self) -> threading.Thread | None:

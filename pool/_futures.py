@@ -63,11 +63,15 @@ class CallbackRunner:
             _run_callbacks(future)
             del future
 
-    def close(self) -> threading.Thread | None:
-        """Let the thread finish the queued callbacks and exit; returns it (not joined)."""
+    def close(self) -> None:
+        """Let the thread run the callbacks already queued, then exit (not joined here)."""
         if self._thread is not None:
             self._queue.put(None)
-        return self._thread
+
+    def join(self) -> None:
+        """Wait until every queued callback has run (unless called from one of them)."""
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
 
 
 def install_on_dispatcher_thread(runner: CallbackRunner) -> None:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -146,6 +147,15 @@ def test_callbacks_never_run_on_the_dispatcher_thread(ctx, caplog):
         release.set()
     assert seen and all(t is not dispatcher for t in seen)
     assert wait_until(lambda: any("raised" in r.getMessage() for r in caplog.records))
+
+
+def test_every_callback_has_run_when_shutdown_returns(ctx):
+    ran = []
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        for i in range(50):
+            p.submit(tasks.square, i).add_done_callback(
+                lambda f: (time.sleep(0.01), ran.append(f.result())))  # slow callbacks
+    assert sorted(ran) == sorted(i * i for i in range(50))
 
 
 def test_future_runs_callbacks_through_invoke_callbacks():
