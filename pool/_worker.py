@@ -70,13 +70,12 @@ class WorkerSetup:
     """Everything a worker needs, built by the dispatcher and passed as the Process arg."""
 
     def __init__(self, *, task_fd: InheritedFd, reply_fd: InheritedFd, lifeline_fd: InheritedFd,
-                 crash_fd: InheritedFd, parent_pid: int, initializer: bytes | None,
+                 crash_fd: InheritedFd, initializer: bytes | None,
                  max_tasks: int | None, fds_to_close: tuple[int, ...]) -> None:
         self.task_fd = task_fd
         self.reply_fd = reply_fd
         self.lifeline_fd = lifeline_fd
         self.crash_fd = crash_fd
-        self.parent_pid = parent_pid
         self.initializer = initializer  # encode_call() of (initializer, initargs), or None
         self.max_tasks = max_tasks
         self.fds_to_close = fds_to_close
@@ -119,17 +118,19 @@ def _become_group_leader() -> None:
         pass  # already a group or session leader (cannot happen under multiprocessing)
 
 
-def _watch_parent(lifeline_fd: int, parent_pid: int) -> None:
+def _watch_parent(lifeline_fd: int, first_ppid: int) -> None:
     """Kill this worker's process group as soon as the parent is gone.
 
     The parent holds the only write end of the lifeline pipe, so the pipe reports a hang-up
-    the moment the parent dies, SIGKILL included. The parent pid check covers a write end
-    leaked into some other descendant (a fork of the parent made outside the pool).
+    the moment the parent dies, SIGKILL included. Being reparented is checked too: it
+    covers a write end leaked into some other descendant (a fork of the parent made outside
+    the pool). Under forkserver the first parent is the server, which exits with the pool's
+    process.
     """
     poller = select.poll()
     poller.register(lifeline_fd, 0)  # no events asked: only POLLHUP/POLLERR are reported
     while True:
-        if poller.poll(_PARENT_POLL_SECONDS * 1000) or os.getppid() != parent_pid:
+        if poller.poll(_PARENT_POLL_SECONDS * 1000) or os.getppid() != first_ppid:
             break
     try:
         os.killpg(os.getpgrp(), signal.SIGKILL)

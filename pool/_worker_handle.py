@@ -56,8 +56,8 @@ class WorkerHandle:
         to_close = () if inherited_fds is None else (task_w, reply_r, *inherited_fds)
         setup = WorkerSetup(task_fd=InheritedFd(task_r), reply_fd=InheritedFd(reply_w),
                             lifeline_fd=InheritedFd(lifeline_fd), crash_fd=InheritedFd(crash_fd),
-                            parent_pid=os.getpid(), initializer=initializer,
-                            max_tasks=max_tasks, fds_to_close=to_close)
+                            initializer=initializer, max_tasks=max_tasks,
+                            fds_to_close=to_close)
         process = ctx.Process(target=worker_main, args=(setup,), name=name)
         try:
             process.start()

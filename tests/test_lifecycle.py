@@ -23,6 +23,10 @@ def fds():
     return len(os.listdir("/proc/self/fd"))
 def kids():
     return len(helpers.children_of(os.getpid()) - helpers.helper_pids())
+def server_fds():  # the forkserver receives every worker's descriptors: it must not keep them
+    from multiprocessing import forkserver
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    return len(os.listdir(f"/proc/{pid}/fd")) if METHOD == "forkserver" else 0
 with pool.ProcessPool(2, mp_context=CTX) as p:
     # Two tasks that can only finish together: both workers are started.
     both = [p.submit(tasks.wait_for_file, os.path.abspath("gate")) for _ in range(2)]
@@ -31,13 +35,13 @@ with pool.ProcessPool(2, mp_context=CTX) as p:
     [f.result(60) for f in both]
     p.submit(tasks.exit_hard, 3).exception(60)        # one death so every path has run
     p.submit(tasks.square, 1).result(60)
-    fds_warm, kids_warm = fds(), kids()
+    fds_warm, kids_warm, server_warm = fds(), kids(), server_fds()
     deaths = [p.submit(tasks.exit_hard, 3) for _ in range(1000)]
     died = sum(isinstance(f.exception(120), pool.WorkerDied) for f in deaths)
     assert p.submit(tasks.square, 4).result(60) == 16
-    fds_after, kids_after = fds(), kids()
+    fds_after, kids_after, server_after = fds(), kids(), server_fds()
 report(died=died, fds_warm=fds_warm, fds_after=fds_after, kids_warm=kids_warm,
-       kids_after=kids_after)
+       kids_after=kids_after, server_warm=server_warm, server_after=server_after)
 '''
 
 
@@ -46,6 +50,7 @@ def test_a_thousand_deaths_leave_no_descriptors_or_children(method, tmp_path):
     facts, _ = run_script(THOUSAND_DEATHS, method, tmp_path, timeout=300)
     assert facts["died"] == 1000
     assert facts["fds_after"] == facts["fds_warm"]
+    assert facts["server_after"] == facts["server_warm"]
     # Under fork and spawn the workers are our children; under forkserver, the server's.
     assert facts["kids_after"] == facts["kids_warm"] <= 2
     assert facts["children_left"] == [] and facts["threads_left"] == []
