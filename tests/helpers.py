@@ -45,11 +45,8 @@ def process_exists(pid: int) -> bool:
 
 
 def open_fds() -> set[int]:
-    return {int(fd) for fd in os.listdir("/proc/self/fd")} - {_listdir_fd()}
-
-
-def _listdir_fd() -> int:
-    return -1  # listdir's own descriptor is closed by the time the set is built
+    # (Includes the descriptor listdir itself opens; every snapshot has one alike.)
+    return {int(fd) for fd in os.listdir("/proc/self/fd")}
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
