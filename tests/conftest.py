@@ -15,6 +15,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "(default: a short fixed batch)")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    seconds = config.getoption("--stress-seconds")
+    if seconds:  # a long stress run was asked for: give it the time
+        for item in items:
+            if "stress" in item.keywords:
+                item.add_marker(pytest.mark.timeout(seconds + 300))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _start_multiprocessing_helpers() -> None:
     # The forkserver and the resource tracker live for the whole session once started;

@@ -71,6 +71,10 @@ report(results=results, worker_pids=sorted(worker_pids))
 '''
 
 
+# The first test of each start method runs the whole table in its setup.
+pytestmark = pytest.mark.timeout(300)
+
+
 @pytest.fixture(scope="module")
 def table(tmp_path_factory):
     """Runs the whole table once per start method (in a child interpreter)."""

@@ -45,9 +45,10 @@ report(died=died, fds_warm=fds_warm, fds_after=fds_after, kids_warm=kids_warm,
 '''
 
 
+@pytest.mark.timeout(420)  # spawn needs ~45 s on an idle 2-core machine
 @pytest.mark.parametrize("method", START_METHODS)
 def test_a_thousand_deaths_leave_no_descriptors_or_children(method, tmp_path):
-    facts, _ = run_script(THOUSAND_DEATHS, method, tmp_path, timeout=300)
+    facts, _ = run_script(THOUSAND_DEATHS, method, tmp_path, timeout=400)
     assert facts["died"] == 1000
     assert facts["fds_after"] == facts["fds_warm"]
     assert facts["server_after"] == facts["server_warm"]

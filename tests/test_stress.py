@@ -9,19 +9,25 @@ import signal
 import threading
 import time
 
+import pytest
+
 import pool
 import tasks
 
 
+@pytest.mark.stress
 def test_random_deaths_fail_only_their_own_tasks(ctx, request):
     seconds = request.config.getoption("--stress-seconds")
     deadline = time.monotonic() + seconds
-    seed_base = 0
+    seed_base, totals = 0, {"deaths": 0, "outside kills": 0}
     while True:
-        _one_batch(ctx, seed_base, 3000)
+        for key, count in _one_batch(ctx, seed_base, 3000).items():
+            totals[key] += count
         seed_base += 3000
         if time.monotonic() >= deadline:
             break
+    print(f"\nstress[{ctx.get_start_method()}]: {seed_base} tasks, {totals['deaths']} "
+          f"workers died in their task, {totals['outside kills']} killed from outside")
 
 
 def _one_batch(ctx, seed_base, count):
@@ -74,3 +80,5 @@ def _one_batch(ctx, seed_base, count):
             assert futures[seed].result()[0] == seed
     # A worker runs one task at a time: each kill fails at most one task.
     assert len(pids_failed_from_outside) == len(set(pids_failed_from_outside))
+    deaths = sum(tasks.fate_of(seed) == "dies" for seed in outcomes)
+    return {"deaths": deaths, "outside kills": len(killed)}
