@@ -73,7 +73,8 @@ SLOT_TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
     SlotState.UNUSED: frozenset({SlotState.STARTING}),
     SlotState.STARTING: frozenset({SlotState.READY, SlotState.STOPPING, SlotState.EMPTY}),
     SlotState.READY: frozenset({SlotState.RETIRING, SlotState.STOPPING, SlotState.EMPTY}),
-    SlotState.RETIRING: frozenset({SlotState.STOPPING, SlotState.EMPTY}),
+    # RETIRING -> READY when the task that used up its quota was cancelled before sending.
+    SlotState.RETIRING: frozenset({SlotState.READY, SlotState.STOPPING, SlotState.EMPTY}),
     SlotState.STOPPING: frozenset({SlotState.EMPTY}),
     SlotState.EMPTY: frozenset({SlotState.STARTING}),
 }

@@ -241,3 +241,14 @@ def test_submit_from_many_threads(ctx):
         with cf.ThreadPoolExecutor(8) as threads:
             futures = list(threads.map(lambda i: p.submit(tasks.square, i), range(200)))
         assert [f.result(timeout=60) for f in futures] == [i * i for i in range(200)]
+
+
+def test_cancelling_a_queued_task_with_max_tasks_per_child(ctx, tmp_path):
+    gate = tmp_path / "gate"
+    with pool.ProcessPool(1, mp_context=ctx, max_tasks_per_child=1) as p:
+        running = p.submit(tasks.wait_for_file, str(gate), "first")
+        cancelled = p.submit(tasks.square, 2)
+        assert cancelled.cancel()
+        gate.touch()
+        assert running.result(30) == "first"
+        assert p.submit(tasks.square, 3).result(30) == 9  # the next worker takes new work

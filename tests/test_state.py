@@ -149,6 +149,15 @@ def test_max_tasks_per_child_retires_then_refills():
     assert start(m, 0) == [Send(0, 3)]
 
 
+def test_a_cancelled_last_task_gives_its_quota_back():
+    m, _ = machine(1, max_tasks_per_child=1)
+    m.submit(1), m.submit(2)
+    assert start(m, 0) == [Send(0, 1)]
+    assert m.slots[0].state is SlotState.RETIRING
+    assert m.task_cancelled(0, 1) == [Send(0, 2)]  # the worker never got task 1
+    assert m.task_replied(0, 2) == [Resolve(2), Stop(0)]
+
+
 def test_cancelled_before_send_is_withdrawn():
     m, _ = machine(1)
     m.submit(1), m.submit(2)
