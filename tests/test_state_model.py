@@ -1,0 +1,149 @@
+"""Random legal event sequences for the state machine, checked against its guarantees.
+
+A small simulated dispatcher owns fake worker processes and feeds the machine every event
+a real one could produce, in random order: submissions, READY, replies, deaths (with tasks
+left unread), cancellations and failed writes discovered at send time, garbage, shutdown
+and the passing of time. Whatever happens, the machine must accept it, end every task
+exactly once, and close once everything is done.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pool import _actions as act
+from pool._state import InvalidTransition, SlotState, StateMachine, Timeouts
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class World:
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.clock = Clock()
+        self.machine = StateMachine(
+            self.rng.randint(1, 3), self.clock,
+            max_tasks_per_child=self.rng.choice([None, 1, 2, 5]),
+            pipeline_depth=self.rng.choice([1, 2, 3]), timeouts=Timeouts(3, 2, 5))
+        self.alive: dict[int, dict] = {}     # slot -> fake process: {"ready": bool}
+        self.ended: dict[int, str] = {}      # task id -> how it ended
+        self.next_task = 1
+        self.shut = False
+
+    def perform(self, actions):
+        work = list(actions)
+        while work:
+            action = work.pop(0)
+            if isinstance(action, act.Spawn):
+                assert action.slot not in self.alive, "spawned into a live slot"
+                if self.rng.random() < 0.05:
+                    work += self.machine.spawn_failed(action.slot)
+                else:
+                    self.alive[action.slot] = {"ready": False}
+            elif isinstance(action, act.Send):
+                assert action.slot in self.alive and self.alive[action.slot]["ready"]
+                roll = self.rng.random()
+                if roll < 0.1:
+                    self.end(action.task_id, "cancelled at send")
+                    work += self.machine.task_cancelled(action.slot, action.task_id)
+                elif roll < 0.15:
+                    work += self.machine.send_failed(action.slot, action.task_id)
+            elif isinstance(action, (act.Resolve, act.FailDied, act.FailMisbehaved,
+                                     act.FailBroken, act.Cancel)):
+                self.end(action.task_id, type(action).__name__)
+            elif isinstance(action, (act.Stop, act.Signal)):
+                assert action.slot in self.alive, f"{action} for a slot with no process"
+            elif isinstance(action, (act.Broken, act.Unreaped)):
+                pass
+            else:
+                raise AssertionError(action)
+
+    def end(self, task_id, how):
+        assert task_id not in self.ended, f"task {task_id} ended twice: {self.ended[task_id]}, {how}"
+        self.ended[task_id] = how
+
+    def step(self):
+        m, rng = self.machine, self.rng
+        choices = []
+        if not self.shut:
+            choices += ["submit"] * 3 + ["shutdown"] * (1 if rng.random() < 0.02 else 0)
+        starting = [s for s in self.alive if not self.alive[s]["ready"]]
+        busy = [s for s in self.alive if m.slots[s].in_flight]
+        choices += ["ready"] * len(starting) * 2 + ["reply"] * len(busy) * 3
+        choices += ["die"] * (1 if self.alive and rng.random() < 0.2 else 0)
+        choices += ["garbage"] * (1 if busy and rng.random() < 0.05 else 0)
+        choices += ["tick"]
+        choice = rng.choice(choices)
+        if choice == "submit":
+            task_id, self.next_task = self.next_task, self.next_task + 1
+            self.perform(m.submit(task_id, pipelinable=rng.random() < 0.7))
+        elif choice == "shutdown":
+            self.shut = True
+            self.perform(m.shutdown(cancel_futures=rng.random() < 0.5))
+        elif choice == "ready":
+            slot = rng.choice(starting)
+            self.alive[slot]["ready"] = True
+            self.perform(m.worker_ready(slot))
+        elif choice == "reply":
+            slot = rng.choice(busy)
+            self.perform(m.task_replied(slot, m.slots[slot].in_flight[0]))
+        elif choice == "die":
+            self.die(rng.choice(list(self.alive)))
+        elif choice == "garbage":
+            self.perform(m.worker_misbehaved(rng.choice(busy)))
+        else:
+            self.clock.now += rng.choice([0.1, 1, 4])
+            self.perform(m.tick())
+
+    def die(self, slot):
+        del self.alive[slot]
+        in_flight = len(self.machine.slots[slot].in_flight)
+        unstarted = self.rng.randint(0, in_flight) if in_flight else 0
+        self.perform(self.machine.worker_exited(slot, unstarted=unstarted))
+
+    def finish(self):
+        """Shut down and let every worker behave until the machine closes."""
+        m = self.machine
+        if not self.shut:
+            self.shut = True
+            self.perform(m.shutdown(cancel_futures=self.rng.random() < 0.5))
+        for _ in range(10_000):
+            if m.closed:
+                return
+            for slot in list(self.alive):
+                state = m.slots[slot].state
+                if not self.alive[slot]["ready"] and state is not SlotState.STOPPING:
+                    self.alive[slot]["ready"] = True
+                    self.perform(m.worker_ready(slot))
+                elif m.slots[slot].in_flight:
+                    self.perform(m.task_replied(slot, m.slots[slot].in_flight[0]))
+                elif state is SlotState.STOPPING:
+                    self.die(slot)  # it was asked (or signalled) to exit: it does
+                break
+            else:
+                self.clock.now += 10
+                self.perform(m.tick())
+        raise AssertionError("the machine never closed")
+
+
+@pytest.mark.parametrize("seed", range(400))
+def test_random_event_sequences_keep_every_guarantee(seed):
+    world = World(seed)
+    try:
+        for _ in range(world.rng.randint(0, 300)):
+            world.step()
+        world.finish()
+    except InvalidTransition as exc:
+        pytest.fail(f"seed {seed}: the machine refused a legal event: {exc}")
+    submitted = set(range(1, world.next_task))
+    assert set(world.ended) == submitted, f"never ended: {submitted - set(world.ended)}"
+    assert world.machine.closed and not world.alive
+    assert all(s.state in (SlotState.UNUSED, SlotState.EMPTY) for s in world.machine.slots)
