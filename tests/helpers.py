@@ -87,7 +87,7 @@ def new_threads(before: set[threading.Thread]) -> list[threading.Thread]:
 
 PRELUDE = '''
 import json, os, sys, signal, time, threading, multiprocessing
-sys.path[:0] = [{tests!r}, {repo!r}]
+sys.path[:0] = [{tests!r}]  # tasks and helpers; pool itself comes from the installation
 import pool, tasks, helpers
 METHOD = os.environ["POOL_TEST_START_METHOD"]
 CTX = multiprocessing.get_context(METHOD)
@@ -108,7 +108,7 @@ def run_script(body: str, method: str, tmp_path: Path, *, timeout: float = 90,
     dict it passed to ``report()`` and the completed process."""
     script = tmp_path / "scenario.py"
     guarded = "\nif __name__ == '__main__':\n" + textwrap.indent(textwrap.dedent(body), "    ")
-    script.write_text(PRELUDE.format(tests=str(TESTS_DIR), repo=str(REPO_DIR)) + guarded)
+    script.write_text(PRELUDE.format(tests=str(TESTS_DIR)) + guarded)
     env = dict(os.environ, POOL_TEST_START_METHOD=method, PYTHONFAULTHANDLER="1")
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=str(tmp_path))

@@ -14,6 +14,13 @@ PUBLIC = ["ProcessPool", "ProcessPoolExecutor", "WorkerDied", "InitializerError"
           "ArgumentPicklingError", "TaskInfo"]
 
 
+def test_the_tests_exercise_the_installed_package():
+    # Under tox, pool must come from the wheel in site-packages, not the source tree.
+    import os
+    if os.environ.get("TOX_ENV_NAME"):
+        assert "site-packages" in pool.__file__
+
+
 def test_all_is_pinned():
     assert sorted(pool.__all__) == sorted(PUBLIC)
     for name in PUBLIC:

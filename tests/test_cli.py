@@ -8,12 +8,12 @@ import sys
 
 import pytest
 
-from helpers import REPO_DIR, START_METHODS
+from helpers import START_METHODS, TESTS_DIR
 
 
 def run(*args, stdin=None, timeout=120):
     return subprocess.run([sys.executable, "-m", "pool", *args], input=stdin, text=True,
-                          capture_output=True, timeout=timeout, cwd=str(REPO_DIR))
+                          capture_output=True, timeout=timeout, cwd=str(TESTS_DIR))
 
 
 @pytest.mark.parametrize("method", START_METHODS)

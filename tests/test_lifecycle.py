@@ -15,7 +15,7 @@ import pytest
 
 import pool
 import tasks
-from helpers import REPO_DIR, START_METHODS, process_exists, run_script, wait_until
+from helpers import TESTS_DIR, START_METHODS, process_exists, run_script, wait_until
 
 THOUSAND_DEATHS = '''
 import gc
@@ -237,7 +237,7 @@ def test_functions_of_an_unimportable_main_work(method):
             f"    with pool.ProcessPool(2, mp_context=mp.get_context({method!r})) as p:\n"
             f"        print(list(p.map(triple, range(4))), p.submit(lambda: 'lambda').result())\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, cwd=str(REPO_DIR))
+                          timeout=60, cwd=str(TESTS_DIR))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[0, 3, 6, 9] lambda"
 
