@@ -285,13 +285,15 @@ def decode_call(body: bytes | bytearray) -> tuple[memoryview, memoryview]:
 
 def encode_result(value: Any) -> tuple[Kind, bytes]:
     """Pickle a return value; if it cannot be, an UNSENDABLE frame says why."""
+    # BaseException throughout: a user __reduce__ runs here, and even its SystemExit must
+    # fail only this result, not end the worker.
     try:
         return Kind.RESULT, pickle.dumps(value, PROTOCOL)
-    except Exception:
+    except BaseException:
         pass
     try:
         return Kind.RESULT, bytes(cloudpickle.dumps(value, PROTOCOL))
-    except Exception as exc:
+    except BaseException as exc:
         reason = f"{type(exc).__name__}: {exc}"
         return Kind.UNSENDABLE, pickle.dumps((type(value).__qualname__, reason), PROTOCOL)
 
@@ -330,7 +332,7 @@ def _pickle_with_traceback(exc: BaseException) -> bytes:
         try:
             pickler_class(buffer, PROTOCOL).dump(exc)
             return buffer.getvalue()
-        except Exception as err:
+        except BaseException as err:
             error = err
     raise error
 
@@ -350,7 +352,7 @@ def encode_exception(exc: BaseException) -> bytes:
         pickle.loads(checked)
         blob: bytes | None = checked
         reason = ""
-    except Exception as err:
+    except BaseException as err:  # user reducers run here too
         blob, reason = None, f"{type(err).__name__}: {err}"
     return pickle.dumps((blob, type_name, message, text, reason), PROTOCOL)
 
@@ -358,7 +360,7 @@ def encode_exception(exc: BaseException) -> bytes:
 def _safe_str(exc: BaseException) -> str:
     try:
         return str(exc)
-    except Exception:
+    except BaseException:
         return "<str() failed>"
 
 
@@ -371,7 +373,7 @@ def decode_exception(body: bytes | bytearray) -> BaseException:
             if isinstance(exc, BaseException):
                 return exc
             reason = f"unpickled to a {type(exc).__name__}, not an exception"
-        except Exception as err:
+        except BaseException as err:  # user reducers run here; even SystemExit is theirs
             reason = f"unpickling in the parent failed: {type(err).__name__}: {err}"
     else:
         reason = f"pickling in the worker failed: {reason}"
@@ -383,7 +385,7 @@ def decode_outcome(frame: Frame) -> tuple[bool, Any]:
     if frame.kind is Kind.RESULT:
         try:
             return True, pickle.loads(frame.body)
-        except Exception as err:
+        except BaseException as err:  # user reducers run here; even SystemExit is theirs
             return False, ResultTransferError(
                 None, "unpickling in the parent", f"{type(err).__name__}: {err}")
     if frame.kind is Kind.RAISED:

@@ -76,6 +76,7 @@ EFFECTS = {
     "exit": lambda: exit_hard(3),
     "sigkill": sigkill_self,
     "raise": lambda: raise_value_error("effect"),
+    "systemexit": lambda: exec("raise SystemExit('effect')"),
 }
 
 

@@ -20,8 +20,11 @@ ROWS = {
     **{f"receive-{e}": f"p.submit(tasks.take_argument, tasks.UnpickleBomb({e!r}, os.getpid()))"
        for e in [*DEATHS, "raise"]},
     **{f"run-{e}": f"p.submit(tasks.do_effect, {e!r})" for e in [*DEATHS, "raise"]},
-    **{f"reply-{e}": f"p.submit(tasks.return_pickle_bomb, {e!r})" for e in [*DEATHS, "raise"]},
+    **{f"reply-{e}": f"p.submit(tasks.return_pickle_bomb, {e!r})"
+       for e in [*DEATHS, "raise", "systemexit"]},
     "parent-receive-raise": "p.submit(tasks.return_unpickle_bomb_for_parent, 'raise')",
+    "parent-receive-systemexit":
+        "p.submit(tasks.return_unpickle_bomb_for_parent, 'systemexit')",
     "exception-needs-init-args": "p.submit(tasks.raise_needs_two_args)",
     "exception-unpicklable": "p.submit(tasks.raise_unpicklable)",
     "exception-fails-in-parent": "p.submit(tasks.raise_fails_in_parent)",
@@ -137,19 +140,21 @@ def test_raise_while_running(table, method):
 
 
 @pytest.mark.parametrize("method", START_METHODS)
-def test_result_that_fails_to_pickle_in_the_worker(table, method):
-    outcome = _row(table, method, "reply-raise")
+@pytest.mark.parametrize("effect, error", [("raise", "ValueError"), ("systemexit", "SystemExit")])
+def test_result_that_fails_to_pickle_in_the_worker(table, method, effect, error):
+    outcome = _row(table, method, f"reply-{effect}")
     assert outcome["type"] == "ResultTransferError"
     assert outcome["stage"] == "pickling in the worker"
-    assert outcome["type_name"] == "PickleBomb" and "ValueError: effect" in outcome["reason"]
+    assert outcome["type_name"] == "PickleBomb" and f"{error}: effect" in outcome["reason"]
 
 
 @pytest.mark.parametrize("method", START_METHODS)
-def test_result_that_fails_to_unpickle_in_the_parent(table, method):
-    outcome = _row(table, method, "parent-receive-raise")
+@pytest.mark.parametrize("effect, error", [("raise", "ValueError"), ("systemexit", "SystemExit")])
+def test_result_that_fails_to_unpickle_in_the_parent(table, method, effect, error):
+    outcome = _row(table, method, f"parent-receive-{effect}")
     assert outcome["type"] == "ResultTransferError"
     assert outcome["stage"] == "unpickling in the parent"
-    assert "ValueError: effect" in outcome["reason"]
+    assert f"{error}: effect" in outcome["reason"]
 
 
 @pytest.mark.parametrize("method", START_METHODS)
