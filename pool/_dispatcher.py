@@ -245,7 +245,12 @@ class Dispatcher:
     def _read_worker(self, slot: int, worker: WorkerHandle) -> None:
         reader = worker.reader
         for frame in worker.read():
-            if not self._accept_frame(slot, worker, frame):
+            try:
+                accepted = self._accept_frame(slot, worker, frame)
+            except _wire.MalformedFrame as exc:
+                reader.error = f"a {frame.kind.name} frame that is not a reply ({exc})"
+                break
+            if not accepted:
                 reader.error = f"unexpected {frame.kind.name} frame for task {frame.task_id}"
                 break
         if reader.error:
@@ -254,7 +259,8 @@ class Dispatcher:
             self._perform(self._machine.worker_misbehaved(slot))
 
     def _accept_frame(self, slot: int, worker: WorkerHandle, frame: Frame) -> bool:
-        """Act on one frame; False if the frame makes no sense in the slot's state."""
+        """Act on one frame; False if the frame makes no sense in the slot's state.
+        Raises MalformedFrame (before acting) if its body is not what its kind promises."""
         machine_slot = self._machine.slots[slot]
         if frame.kind is Kind.READY:
             if machine_slot.state is not _state.SlotState.STARTING:

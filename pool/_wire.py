@@ -55,6 +55,10 @@ class Kind(enum.IntEnum):
     INIT_FAILED = 6   # body: encode_exception(...) of the initializer's exception
 
 
+class MalformedFrame(Exception):
+    """A frame's header was valid but its body is not what its kind promises."""
+
+
 class Frame(NamedTuple):
     kind: Kind
     task_id: int
@@ -364,9 +368,23 @@ def _safe_str(exc: BaseException) -> str:
         return "<str() failed>"
 
 
+def _envelope(body: bytes | bytearray, size: int) -> tuple[Any, ...]:
+    """Unpickle the pool's own tuple around a payload; MalformedFrame if it is not one."""
+    try:
+        fields = pickle.loads(body)
+    except BaseException as err:
+        raise MalformedFrame(f"unreadable body: {type(err).__name__}: {err}") from None
+    if not isinstance(fields, tuple) or len(fields) != size:
+        raise MalformedFrame(f"body is a {type(fields).__name__}, not the pool's envelope")
+    return fields
+
+
 def decode_exception(body: bytes | bytearray) -> BaseException:
-    """Rebuild what ``encode_exception`` sent: the exception itself, or a RemoteTaskError."""
-    blob, type_name, message, text, reason = pickle.loads(body)
+    """Rebuild what ``encode_exception`` sent: the exception itself, or a RemoteTaskError.
+
+    Raises MalformedFrame if the body is not what ``encode_exception`` makes.
+    """
+    blob, type_name, message, text, reason = _envelope(body, 5)
     if blob is not None:
         try:
             exc = pickle.loads(blob)
@@ -381,7 +399,11 @@ def decode_exception(body: bytes | bytearray) -> BaseException:
 
 
 def decode_outcome(frame: Frame) -> tuple[bool, Any]:
-    """``(True, value)`` or ``(False, exception)`` for a RESULT, RAISED or UNSENDABLE frame."""
+    """``(True, value)`` or ``(False, exception)`` for a RESULT, RAISED or UNSENDABLE frame.
+
+    A payload that fails to unpickle is that task's error; a body that is not the pool's
+    own envelope raises MalformedFrame (the worker is not speaking the protocol).
+    """
     if frame.kind is Kind.RESULT:
         try:
             return True, pickle.loads(frame.body)
@@ -390,6 +412,7 @@ def decode_outcome(frame: Frame) -> tuple[bool, Any]:
                 None, "unpickling in the parent", f"{type(err).__name__}: {err}")
     if frame.kind is Kind.RAISED:
         return False, decode_exception(frame.body)
-    assert frame.kind is Kind.UNSENDABLE, frame.kind
-    type_name, reason = pickle.loads(frame.body)
+    if frame.kind is not Kind.UNSENDABLE:
+        raise MalformedFrame(f"a {frame.kind.name} frame carries no outcome")
+    type_name, reason = _envelope(frame.body, 2)
     return False, ResultTransferError(type_name, "pickling in the worker", reason)

@@ -278,3 +278,12 @@ def make_bytes(size):
 
 def byte_sum(data):
     return len(data), sum(data[::4096])
+
+
+def write_corrupt_raised_frame():
+    """A well-formed header with a body that is not the pool's envelope."""
+    from pool import _wire, _worker
+    body = b"\x80\x05not a pickle at all"
+    os.write(_worker._reply_fd, _wire.HEADER.pack(_wire.MAGIC, _wire.Kind.RAISED,
+                                                  _worker._current_task_id, len(body)) + body)
+    time.sleep(30)

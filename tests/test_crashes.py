@@ -31,6 +31,7 @@ ROWS = {
     "result-lambda": "p.submit(tasks.return_lambda)",
     "reply-then-die": "p.submit(tasks.reply_then_die, 'delivered')",
     "garbage-reply": "p.submit(tasks.write_garbage)",
+    "corrupt-envelope": "p.submit(tasks.write_corrupt_raised_frame)",
     "partial-frame-then-hang": "p.submit(tasks.write_partial_then_hang, 'hung.pid')",
 }
 
@@ -193,12 +194,12 @@ def test_a_reply_sent_before_death_is_delivered(table, method):
 
 
 @pytest.mark.parametrize("method", START_METHODS)
-@pytest.mark.parametrize("row", ["garbage-reply", "partial-frame-then-hang"])
+@pytest.mark.parametrize("row", ["garbage-reply", "corrupt-envelope", "partial-frame-then-hang"])
 def test_bytes_that_are_not_a_reply_fail_the_task_and_replace_the_worker(table, method, row):
     outcome = _row(table, method, row)
-    if row == "garbage-reply":
+    if row != "partial-frame-then-hang":
         assert outcome["type"] == "WorkerProtocolError"
-        assert "not a reply" in outcome["text"] and "tasks.write_garbage()" in outcome["text"]
+        assert "not a reply" in outcome["text"] and "tasks.write_" in outcome["text"]
     else:  # the half frame is dropped with the worker, which the scenario killed
         assert outcome["type"] == "WorkerDied" and outcome["signal_name"] == "SIGKILL"
 

@@ -119,3 +119,11 @@ def test_an_unsendable_result_is_reported_by_type():
     ok, error = _wire.decode_outcome(Frame(kind, 1, body))
     assert not ok and isinstance(error, pool.ResultTransferError)
     assert error.type_name == "lock" and "pickle" in error.reason
+
+
+@pytest.mark.parametrize("kind, body", [(Kind.RAISED, b"junk"), (Kind.UNSENDABLE, b"junk"),
+                                        (Kind.RAISED, pickle.dumps(("too", "short"))),
+                                        (Kind.READY, b"")])
+def test_a_body_that_is_not_the_envelope_is_malformed(kind, body):
+    with pytest.raises(_wire.MalformedFrame):
+        _wire.decode_outcome(Frame(kind, 1, body))
