@@ -167,7 +167,11 @@ class FrameReader:
                 return
             body_start = start + HEADER.size
             if length > _SMALL_BODY and len(buf) - body_start < length:
-                body = bytearray(length)
+                try:
+                    body = bytearray(length)
+                except MemoryError:
+                    self.error = f"a frame of {length} bytes, more than memory can hold"
+                    return
                 have = len(buf) - body_start
                 body[:have] = buf[body_start:]
                 self._large, self._large_filled = (kind, task_id, body), have

@@ -127,3 +127,11 @@ def test_an_unsendable_result_is_reported_by_type():
 def test_a_body_that_is_not_the_envelope_is_malformed(kind, body):
     with pytest.raises(_wire.MalformedFrame):
         _wire.decode_outcome(Frame(kind, 1, body))
+
+
+def test_a_frame_too_large_for_memory_is_an_error_not_a_crash(pipe):
+    read_end, write_end = pipe
+    os.write(write_end, _wire.HEADER.pack(_wire.MAGIC, Kind.RESULT, 1, _wire.MAX_BODY) + b"x")
+    reader = FrameReader(read_end)
+    assert reader.read_available() == []
+    assert "more than memory" in reader.error
