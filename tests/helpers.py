@@ -63,22 +63,10 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:
 
 def helper_pids() -> set[int]:
     """multiprocessing's long-lived helpers (forkserver, resource tracker), not leaks."""
-    pids = set()
-    try:
-        from multiprocessing import forkserver
-        pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
-        if pid:
-            pids.add(pid)
-    except Exception:
-        pass
-    try:
-        from multiprocessing import resource_tracker
-        pid = getattr(resource_tracker._resource_tracker, "_pid", None)
-        if pid:
-            pids.add(pid)
-    except Exception:
-        pass
-    return pids
+    from multiprocessing import forkserver, resource_tracker
+    pids = (getattr(forkserver._forkserver, "_forkserver_pid", None),
+            getattr(resource_tracker._resource_tracker, "_pid", None))
+    return {pid for pid in pids if pid}
 
 
 def new_threads(before: set[threading.Thread]) -> list[threading.Thread]:
