@@ -1,6 +1,8 @@
-"""Ending worker processes and releasing what they held.
+"""Ending worker processes, and reading what a dead one left behind.
 
-Owns: nothing; functions the dispatcher calls on the processes it owns.
+Owns: nothing; functions the dispatcher (through ``WorkerHandle``) calls on the processes it
+owns: signalling a worker and its group, reaping, closing descriptors, the crash-report
+file, and how much of a task pipe was never read.
 Runs in: the dispatcher thread (and its firewall, when the pool is failing).
 Guarantees: signals go to the worker and to its whole process group, so processes a task
 started end with it; a process group is signalled only while its leader is unreaped (a
@@ -9,8 +11,12 @@ zombie still holds its pid), so an id the kernel recycled is never hit.
 
 from __future__ import annotations
 
+import array
 import errno
+import fcntl
 import os
+import tempfile
+import termios
 from typing import Any
 
 _CRASH_REPORT_LIMIT = 64 * 1024
@@ -33,13 +39,10 @@ def unread_bytes(fd: int) -> int:
     Linux answers FIONREAD on either end of a pipe, even after the reader has exited.
     """
     try:
-        import array
-        import fcntl
-        import termios
         count = array.array("i", [0])
         fcntl.ioctl(fd, termios.FIONREAD, count, True)
         return count[0]
-    except (ImportError, OSError):
+    except OSError:
         return 0
 
 
@@ -84,7 +87,6 @@ _WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker
 
 def make_crash_file() -> int:
     """An anonymous file (already unlinked): nothing is left on disk however we die."""
-    import tempfile
     fd, path = tempfile.mkstemp(prefix="pool-crash-")
     os.unlink(path)
     return fd
