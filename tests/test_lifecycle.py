@@ -18,7 +18,6 @@ import tasks
 from helpers import TESTS_DIR, START_METHODS, process_exists, run_script, wait_until
 
 THOUSAND_DEATHS = '''
-import gc
 def fds():
     return len(os.listdir("/proc/self/fd"))
 def kids():
@@ -27,21 +26,23 @@ def server_fds():  # the forkserver receives every worker's descriptors: it must
     from multiprocessing import forkserver
     pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
     return len(os.listdir(f"/proc/{pid}/fd")) if METHOD == "forkserver" else 0
-with pool.ProcessPool(2, mp_context=CTX) as p:
-    # Two tasks that can only finish together: both workers are started.
-    both = [p.submit(tasks.wait_for_file, os.path.abspath("gate")) for _ in range(2)]
+def settled(p, name):
+    # Both workers hold a task at once, so both are up and no start is in flight (in the
+    # parent or the forkserver): descriptor counts are at rest. Then let them finish.
+    both = [p.submit(tasks.wait_for_file, os.path.abspath(name)) for _ in range(2)]
     helpers.wait_until(lambda: all(f.running() for f in both), 60)
-    open("gate", "w").close()
+    counts = fds(), kids(), server_fds()
+    open(name, "w").close()
     [f.result(60) for f in both]
+    return counts
+with pool.ProcessPool(2, mp_context=CTX) as p:
     p.submit(tasks.exit_hard, 3).exception(60)        # one death so every path has run
-    p.submit(tasks.square, 1).result(60)
-    fds_warm, kids_warm, server_warm = fds(), kids(), server_fds()
+    warm = settled(p, "gate-warm")
     deaths = [p.submit(tasks.exit_hard, 3) for _ in range(1000)]
     died = sum(isinstance(f.exception(120), pool.WorkerDied) for f in deaths)
-    assert p.submit(tasks.square, 4).result(60) == 16
-    fds_after, kids_after, server_after = fds(), kids(), server_fds()
-report(died=died, fds_warm=fds_warm, fds_after=fds_after, kids_warm=kids_warm,
-       kids_after=kids_after, server_warm=server_warm, server_after=server_after)
+    after = settled(p, "gate-after")
+report(died=died, fds_warm=warm[0], fds_after=after[0], kids_warm=warm[1],
+       kids_after=after[1], server_warm=warm[2], server_after=after[2])
 '''
 
 
