@@ -287,3 +287,14 @@ def write_corrupt_raised_frame():
     os.write(_worker._reply_fd, _wire.HEADER.pack(_wire.MAGIC, _wire.Kind.RAISED,
                                                   _worker._current_task_id, len(body)) + body)
     time.sleep(30)
+
+
+def use_inner_pool(method, pid_dir=None, gate=None):
+    """A task that runs a pool of its own (libraries do); optionally blocks inside it."""
+    import multiprocessing
+    import pool
+    with pool.ProcessPool(2, mp_context=multiprocessing.get_context(method)) as inner:
+        if gate is None:
+            return sorted(inner.map(square, range(5)))
+        busy = [inner.submit(announce_then_wait, pid_dir, gate) for _ in range(2)]
+        return [f.result() for f in busy]

@@ -269,3 +269,22 @@ def test_a_forked_copy_of_the_parent_cannot_use_the_pool():
             message = reader.read().decode()
         os.waitpid(pid, 0)
     assert "cannot use it" in message
+
+
+def test_a_task_can_run_a_pool_of_its_own(ctx, start_method):
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        assert p.submit(tasks.use_inner_pool, start_method).result(60) == [0, 1, 4, 9, 16]
+
+
+def test_killing_a_worker_also_ends_the_workers_of_its_inner_pool(ctx, start_method, tmp_path):
+    pid_dir = tmp_path / "pids"
+    pid_dir.mkdir()
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        outer = p.submit(tasks.pid_of_worker).result(60)
+        nested = p.submit(tasks.use_inner_pool, start_method, str(pid_dir), str(tmp_path / "gate"))
+        assert wait_until(lambda: len(tasks.announced_pids(str(pid_dir))) == 2, 60)
+        inner = tasks.announced_pids(str(pid_dir))
+        os.kill(outer, signal.SIGKILL)
+        assert isinstance(nested.exception(60), pool.WorkerDied)
+        # The inner workers lead groups of their own; their lifeline was the outer worker.
+        assert wait_until(lambda: not any(process_exists(pid) for pid in inner), 5), inner
