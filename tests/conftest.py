@@ -2,11 +2,14 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 
 import pytest
 
-from helpers import START_METHODS, children_of, helper_pids, new_threads, open_fds, wait_until
+from helpers import (START_METHODS, TESTS_DIR, children_of, helper_pids, new_threads,
+                     open_fds, wait_until)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -15,12 +18,42 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "(default: a short fixed batch)")
 
 
+IN_CHILD = "POOL_TEST_IN_CHILD"
+
+
+def _timeout_of(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("timeout")
+    return float(marker.args[0]) if marker else float(item.config.getini("timeout"))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     seconds = config.getoption("--stress-seconds")
     if seconds:  # a long stress run was asked for: give it the time
         for item in items:
             if "stress" in item.keywords:
                 item.add_marker(pytest.mark.timeout(seconds + 300))
+    if not os.environ.get(IN_CHILD):
+        for item in items:  # the child keeps the limit; its parent waits a little longer
+            if item.get_closest_marker("isolated"):
+                item.add_marker(pytest.mark.timeout(_timeout_of(item) + 60))
+
+
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Run an ``isolated`` test in a child interpreter (a fresh pytest, that one test)."""
+    if os.environ.get(IN_CHILD) or not pyfuncitem.get_closest_marker("isolated"):
+        return None
+    config = pyfuncitem.config
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            f"--stress-seconds={config.getoption('--stress-seconds')}",
+            f"{pyfuncitem.path}::{pyfuncitem.name}"]
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=str(TESTS_DIR),
+                          env=dict(os.environ, **{IN_CHILD: "1"}),
+                          timeout=_timeout_of(pyfuncitem) - 30)
+    sys.stdout.write(proc.stdout[-4000:])
+    if proc.returncode != 0 or " passed" not in proc.stdout:
+        pytest.fail(f"in a child interpreter (exit {proc.returncode}):\n{proc.stdout[-8000:]}"
+                    f"\n{proc.stderr[-4000:]}", pytrace=False)
+    return True
 
 
 @pytest.fixture(scope="session", autouse=True)

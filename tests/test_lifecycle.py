@@ -58,6 +58,7 @@ def test_a_thousand_deaths_leave_no_descriptors_or_children(method, tmp_path):
     assert facts["children_left"] == [] and facts["threads_left"] == []
 
 
+@pytest.mark.isolated
 def test_idle_worker_death_is_replaced_and_logged(ctx, caplog):
     caplog.set_level(logging.WARNING, logger="pool")
     with pool.ProcessPool(1, mp_context=ctx) as p:
@@ -93,6 +94,7 @@ def test_failing_initializer_stops_respawning_and_fails_waiting_futures(ctx, tmp
     assert pool._state.MAX_START_FAILURES <= starts <= pool._state.MAX_START_FAILURES + 2
 
 
+@pytest.mark.isolated
 def test_initializer_that_kills_its_worker_breaks_the_pool_without_a_fork_loop(ctx):
     with pool.ProcessPool(1, mp_context=ctx, initializer=tasks.exit_hard, initargs=(4,)) as p:
         error = p.submit(tasks.square, 2).exception(60)
@@ -212,6 +214,7 @@ os.kill(os.getpid(), signal.SIGKILL)
     assert wait_until(lambda: not any(process_exists(pid) for pid in pids), 5), pids
 
 
+@pytest.mark.isolated
 def test_a_task_sent_to_a_worker_that_dies_before_reading_it_runs_elsewhere(ctx):
     with pool.ProcessPool(1, mp_context=ctx) as p:
         dying = p.submit(tasks.reply_then_die, "last words")
@@ -251,6 +254,7 @@ def test_large_payloads_cross_both_ways_intact(ctx):
         assert p.submit(tasks.byte_sum, data).result(60) == tasks.byte_sum(data)
 
 
+@pytest.mark.isolated
 def test_a_forked_copy_of_the_parent_cannot_use_the_pool():
     with pool.ProcessPool(1) as p:
         p.submit(tasks.square, 2).result(30)
@@ -276,6 +280,7 @@ def test_a_task_can_run_a_pool_of_its_own(ctx, start_method):
         assert p.submit(tasks.use_inner_pool, start_method).result(60) == [0, 1, 4, 9, 16]
 
 
+@pytest.mark.isolated
 def test_killing_a_worker_also_ends_the_workers_of_its_inner_pool(ctx, start_method, tmp_path):
     pid_dir = tmp_path / "pids"
     pid_dir.mkdir()

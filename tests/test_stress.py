@@ -16,6 +16,7 @@ import tasks
 
 
 @pytest.mark.stress
+@pytest.mark.isolated
 def test_random_deaths_fail_only_their_own_tasks(ctx, request):
     seconds = request.config.getoption("--stress-seconds")
     deadline = time.monotonic() + seconds
