@@ -235,11 +235,7 @@ class StateMachine:
         slot = self._withdraw(index, task_id)
         self._move_task(self._tasks[task_id], TaskState.QUEUED)
         self._queue.appendleft(task_id)
-        if slot.state is not SlotState.STOPPING:
-            self._move_slot(slot, SlotState.STOPPING)
-        slot.escalation = Escalation.KILLED
-        slot.deadline = self._clock() + self._timeouts.kill
-        return [Signal(index, signal.SIGKILL)] + self._schedule()
+        return [self._kill(slot)] + self._schedule()
 
     def _withdraw(self, index: int, task_id: int) -> Slot:
         """Take back a task the dispatcher was told to send but did not deliver."""
@@ -262,11 +258,7 @@ class StateMachine:
             self._move_task(self._tasks[running], TaskState.FAILED)
             actions.append(FailMisbehaved(running, index))
         self._requeue_in_flight(slot)
-        if slot.state is not SlotState.STOPPING:
-            self._move_slot(slot, SlotState.STOPPING)
-        slot.escalation = Escalation.KILLED
-        slot.deadline = self._clock() + self._timeouts.kill
-        actions.append(Signal(index, signal.SIGKILL))
+        actions.append(self._kill(slot))
         return actions + self._schedule()
 
     def spawn_failed(self, index: int) -> list[Action]:
@@ -323,23 +315,6 @@ class StateMachine:
                 slot.escalation, slot.deadline = Escalation.GIVEN_UP, None
                 actions.append(Unreaped(slot.index))
         return actions
-
-    def stop_now(self) -> list[Action]:
-        """The pool is failing: forget every task and SIGKILL every live worker."""
-        now = self._clock()
-        self.phase = Phase.DRAINING
-        self._queue.clear()
-        self._tasks.clear()
-        actions: list[Action] = []
-        for slot in self.slots:
-            slot.in_flight.clear()
-            if slot.state in (SlotState.UNUSED, SlotState.EMPTY):
-                continue
-            if slot.state is not SlotState.STOPPING:
-                self._move_slot(slot, SlotState.STOPPING)
-            slot.escalation, slot.deadline = Escalation.KILLED, now + self._timeouts.kill
-            actions.append(Signal(slot.index, signal.SIGKILL))
-        return actions + self._schedule()
 
     # -- internals ----------------------------------------------------------------------------
 
@@ -436,6 +411,14 @@ class StateMachine:
                 all(s.state in (SlotState.UNUSED, SlotState.EMPTY) for s in self.slots)):
             self.phase = Phase.CLOSED
         return actions
+
+    def _kill(self, slot: Slot) -> Signal:
+        """SIGKILL the slot's worker now; its exit is expected within the kill grace."""
+        if slot.state is not SlotState.STOPPING:
+            self._move_slot(slot, SlotState.STOPPING)
+        slot.escalation = Escalation.KILLED
+        slot.deadline = self._clock() + self._timeouts.kill
+        return Signal(slot.index, signal.SIGKILL)
 
     def _ask_to_stop(self, slot: Slot) -> Stop:
         self._move_slot(slot, SlotState.STOPPING)

@@ -249,14 +249,6 @@ def test_starting_worker_is_stopped_when_no_longer_needed():
     assert m.worker_exited(0) == [] and m.closed
 
 
-def test_stop_now_kills_every_live_worker():
-    m, _ = machine(2)
-    m.submit(1), m.submit(2)
-    start(m, 0)
-    actions = m.stop_now()
-    assert set(actions) == {Signal(0, signal.SIGKILL), Signal(1, signal.SIGKILL)}
-
-
 def test_every_transition_outside_the_tables_is_refused():
     m, _ = machine(1)
     with pytest.raises(InvalidTransition):
