@@ -42,6 +42,27 @@ class FailMisbehaved:
 
 
 @dataclass(frozen=True)
+class FailTimedOut:
+    """The task overran its timeout; its worker was asked for its stack, then ended."""
+    task_id: int
+    slot: int
+    timeout: float
+
+
+@dataclass(frozen=True)
+class FailTerminated:
+    """The task was running when terminate_workers() or kill_workers() ended its worker."""
+    task_id: int
+    slot: int
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """The caller stopped this task: it never started, or its worker was killed."""
+    task_id: int
+
+
+@dataclass(frozen=True)
 class FailBroken:
     """The pool stopped starting workers; this queued task cannot run."""
     task_id: int
@@ -67,6 +88,12 @@ class Signal:
 
 
 @dataclass(frozen=True)
+class DumpStack:
+    """Ask the slot's worker (not its group) to write its Python stack, then exit."""
+    slot: int
+
+
+@dataclass(frozen=True)
 class Broken:
     """Workers failed to start too often in a row: the pool starts no more."""
 
@@ -77,7 +104,7 @@ class Unreaped:
     slot: int
 
 
-Action = Union[Spawn, Send, Resolve, FailDied, FailMisbehaved, FailBroken, Cancel, Stop,
-               Signal, Broken, Unreaped]
+Action = Union[Spawn, Send, Resolve, FailDied, FailMisbehaved, FailTimedOut, FailTerminated,
+               Stopped, FailBroken, Cancel, Stop, Signal, DumpStack, Broken, Unreaped]
 
 

@@ -1,16 +1,20 @@
 """The slot/task state machine: which task runs where, and what to do when anything happens.
 
 Owns: the queue of waiting tasks, each slot's state and in-flight tasks, the pool's phase,
-start-failure accounting and the stop-escalation deadlines.
+start-failure accounting, task deadlines and the stop-escalation deadlines.
 Runs in: the dispatcher thread only. It performs no I/O: events come in as method calls and
 leave as a list of actions for the dispatcher to carry out; time comes from the ``clock`` it
-is given (``time.monotonic`` in the pool, a fake one in tests). It imports neither ``threading`` nor ``multiprocessing`` and is
-unit-tested by feeding it events.
+is given (``time.monotonic`` in the pool, a fake one in tests). It imports neither
+``threading`` nor ``multiprocessing`` and is unit-tested by feeding it events.
 Guarantees:
 - a task is sent to a worker once; a worker's tasks are run in the order they were sent, so
   the first in flight is the one running (RUNNING) and the rest are waiting (ASSIGNED);
-- when a worker exits, only its RUNNING task fails; its ASSIGNED tasks go back to the front
-  of the queue (they never started, so running them elsewhere is safe);
+- when a worker exits, only its RUNNING task ends; how it ends follows the slot's
+  ``Ending`` (none: ``FailDied``; timed out, stopped, terminated). Its ASSIGNED tasks go back
+  to the front of the queue (they never started), or are cancelled when terminating;
+- a task's timeout counts from the moment it becomes RUNNING; when it passes, its worker is
+  asked for its stack and then killed, and escalation continues until the process is gone
+  or given up on;
 - every task ends in exactly one of DONE, FAILED or CANCELLED, and every slot ends EMPTY
   or UNUSED before the machine reports ``closed``;
 - an impossible transition raises ``InvalidTransition`` at once (an internal error).
@@ -18,113 +22,28 @@ Guarantees:
 
 from __future__ import annotations
 
-import enum
 import signal
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable
 
-from ._actions import (Action, Broken, Cancel, FailBroken, FailDied, FailMisbehaved, Resolve,
-                       Send, Signal, Spawn, Stop, Unreaped)
+from ._actions import (Action, Broken, Cancel, DumpStack, FailBroken, FailDied, FailMisbehaved,
+                       FailTerminated, FailTimedOut, Resolve, Send, Signal, Spawn, Stop,
+                       Stopped, Unreaped)
+from ._records import (SLOT_TRANSITIONS, TASK_TRANSITIONS, Ending, Escalation,
+                       InvalidTransition, Phase, Slot, SlotState, Task, TaskState, Timeouts)
 
 __all__ = [
-    "TaskState", "SlotState", "Phase", "Escalation", "InvalidTransition", "StateMachine",
-    "Spawn", "Send", "Resolve", "FailDied", "FailMisbehaved", "FailBroken", "Cancel", "Stop",
-    "Signal", "Broken", "Unreaped", "Action",
+    "TaskState", "SlotState", "Phase", "Escalation", "Ending", "InvalidTransition",
+    "StateMachine", "Timeouts", "Spawn", "Send", "Resolve", "FailDied", "FailMisbehaved",
+    "FailBroken", "FailTimedOut", "FailTerminated", "Cancel", "Stopped", "Stop", "Signal",
+    "DumpStack", "Broken", "Unreaped", "Action", "MAX_START_FAILURES",
 ]
-
-
-class InvalidTransition(RuntimeError):
-    """An event arrived that the current state cannot accept: a bug in the pool."""
-
-
-class TaskState(enum.Enum):
-    QUEUED = "queued"        # waiting in the pool's queue
-    ASSIGNED = "assigned"    # sent to a worker, behind the task that worker is running
-    RUNNING = "running"      # the first task in flight on its worker
-    DONE = "done"            # a reply arrived
-    FAILED = "failed"        # its worker died or misbehaved, or the pool broke
-    CANCELLED = "cancelled"  # cancelled before it was sent
-
-
-TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
-    TaskState.QUEUED: frozenset({TaskState.ASSIGNED, TaskState.RUNNING, TaskState.CANCELLED,
-                                 TaskState.FAILED}),
-    TaskState.ASSIGNED: frozenset({TaskState.RUNNING, TaskState.QUEUED, TaskState.CANCELLED}),
-    # RUNNING -> QUEUED only when the write to the worker failed: it never received it.
-    TaskState.RUNNING: frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED,
-                                  TaskState.QUEUED}),
-    TaskState.DONE: frozenset(),
-    TaskState.FAILED: frozenset(),
-    TaskState.CANCELLED: frozenset(),
-}
-
-
-class SlotState(enum.Enum):
-    UNUSED = "unused"      # never started; started on demand
-    STARTING = "starting"  # process started, READY not yet received
-    READY = "ready"        # takes tasks
-    RETIRING = "retiring"  # takes no more tasks; stopped once its in-flight tasks are done
-    STOPPING = "stopping"  # asked to exit; escalation deadlines run until it does
-    EMPTY = "empty"        # its process exited and was reaped; refilled while the pool is open
-
-
-SLOT_TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
-    SlotState.UNUSED: frozenset({SlotState.STARTING}),
-    SlotState.STARTING: frozenset({SlotState.READY, SlotState.STOPPING, SlotState.EMPTY}),
-    SlotState.READY: frozenset({SlotState.RETIRING, SlotState.STOPPING, SlotState.EMPTY}),
-    # RETIRING -> READY when the task that used up its quota was cancelled before sending.
-    SlotState.RETIRING: frozenset({SlotState.READY, SlotState.STOPPING, SlotState.EMPTY}),
-    SlotState.STOPPING: frozenset({SlotState.EMPTY}),
-    SlotState.EMPTY: frozenset({SlotState.STARTING}),
-}
-
-
-class Phase(enum.Enum):
-    OPEN = "open"          # accepting tasks; slots that emptied are refilled
-    DRAINING = "draining"  # shutdown asked: finish what was submitted, then stop every worker
-    CLOSED = "closed"      # every task resolved and every worker gone
-
-
-class Escalation(enum.Enum):
-    """How hard a STOPPING slot has been asked to exit (each step has a grace deadline)."""
-
-    ASKED = "asked"            # its task pipe was closed: a worker exits at end of file
-    TERMINATED = "terminated"  # SIGTERM sent to it and its process group
-    KILLED = "killed"          # SIGKILL sent to it and its process group
-    GIVEN_UP = "given up"      # still not gone after SIGKILL's grace: reported, not assumed
-
-
-# --- records ----------------------------------------------------------------------------------
-
-@dataclass
-class _Task:
-    task_id: int
-    pipelinable: bool
-    state: TaskState = TaskState.QUEUED
-
-
-@dataclass
-class Slot:
-    index: int
-    state: SlotState = SlotState.UNUSED
-    in_flight: deque[int] = field(default_factory=deque)  # task ids, in send order
-    assigned_count: int = 0                                # tasks sent to this process
-    escalation: Escalation | None = None
-    deadline: float | None = None
-
-
-@dataclass(frozen=True)
-class Timeouts:
-    """Grace periods of the stop escalation, in seconds."""
-    stop: float = 3.0       # after the task pipe is closed, before SIGTERM
-    terminate: float = 2.0  # after SIGTERM, before SIGKILL
-    kill: float = 5.0       # after SIGKILL, before reporting the process as unreaped
-
 
 # A worker that dies before READY this many times in a row, with no task completed in
 # between, means the initializer (or the worker's start-up) is broken: stop respawning.
 MAX_START_FAILURES = 3
+
+_ENDS = (TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED)
 
 
 class StateMachine:
@@ -138,8 +57,9 @@ class StateMachine:
         self.slots = [Slot(i) for i in range(max_workers)]
         self.phase = Phase.OPEN
         self.broken = False
+        self.terminating = False
         self.start_failures = 0
-        self._tasks: dict[int, _Task] = {}
+        self._tasks: dict[int, Task] = {}
         self._queue: deque[int] = deque()
         self._max_tasks = max_tasks_per_child
         self._depth = pipeline_depth
@@ -162,32 +82,47 @@ class StateMachine:
 
     def next_deadline(self) -> float | None:
         deadlines = [s.deadline for s in self.slots if s.deadline is not None]
+        deadlines += [t.deadline for _, t in self._timed_running() if t.deadline is not None]
         return min(deadlines, default=None)
 
     # -- transitions ------------------------------------------------------------------------
 
-    def _move_task(self, task: _Task, new: TaskState) -> None:
+    def _move_task(self, task: Task, new: TaskState) -> None:
         if new not in TASK_TRANSITIONS[task.state]:
             raise InvalidTransition(f"task {task.task_id}: {task.state.name} -> {new.name}")
         task.state = new
-        if new in (TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED):
+        if new in _ENDS:
             del self._tasks[task.task_id]
+        elif new is not TaskState.RUNNING:
+            task.deadline = None
 
     def _move_slot(self, slot: Slot, new: SlotState) -> None:
         if new not in SLOT_TRANSITIONS[slot.state]:
             raise InvalidTransition(f"slot {slot.index}: {slot.state.name} -> {new.name}")
         slot.state = new
         if new is not SlotState.STOPPING:
-            slot.escalation = slot.deadline = None
+            slot.escalation = slot.deadline = slot.ending = None
+        if new is SlotState.EMPTY:
+            slot.assigned_count, slot.over_memory = 0, False
+
+    def _start_running(self, slot: Slot, task: Task) -> list[Action]:
+        """``task`` is now the one its worker runs: start its clock (or stop it at once)."""
+        self._move_task(task, TaskState.RUNNING)
+        if task.stop_requested:
+            return self._stop_running(slot)
+        if task.timeout is not None:
+            task.deadline = self._clock() + task.timeout
+        return []
 
     # -- events -----------------------------------------------------------------------------
 
-    def submit(self, task_id: int, *, pipelinable: bool = False) -> list[Action]:
+    def submit(self, task_id: int, *, pipelinable: bool = False,
+               timeout: float | None = None) -> list[Action]:
         if self.phase is not Phase.OPEN:
             raise InvalidTransition(f"submit while {self.phase.name}")
         if task_id in self._tasks:
             raise InvalidTransition(f"task {task_id} submitted twice")
-        task = _Task(task_id, pipelinable)
+        task = Task(task_id, pipelinable, timeout)
         self._tasks[task_id] = task
         if self.broken:
             self._move_task(task, TaskState.FAILED)
@@ -202,6 +137,14 @@ class StateMachine:
         self._move_slot(slot, SlotState.READY)
         return self._schedule()
 
+    def worker_over_memory(self, index: int) -> list[Action]:
+        """The worker reported (before its reply) that it uses more memory than allowed."""
+        slot = self.slots[index]
+        slot.over_memory = True
+        if slot.state is SlotState.READY:
+            self._move_slot(slot, SlotState.RETIRING)
+        return self._schedule()
+
     def task_replied(self, index: int, task_id: int) -> list[Action]:
         """A reply arrived. Raises InvalidTransition if it is not for the running task."""
         slot = self.slots[index]
@@ -211,20 +154,25 @@ class StateMachine:
         slot.in_flight.popleft()
         self._move_task(self._tasks[task_id], TaskState.DONE)
         self.start_failures = 0
-        if slot.in_flight:
-            self._move_task(self._tasks[slot.in_flight[0]], TaskState.RUNNING)
         actions: list[Action] = [Resolve(task_id)]
+        if slot.ending in (Ending.TIMED_OUT, Ending.STOPPED):
+            # It finished just as it was being ended: its reply wins (a stop still makes its
+            # future cancelled); the worker goes anyway.
+            slot.ending = None
+        if slot.in_flight:
+            actions += self._start_running(slot, self._tasks[slot.in_flight[0]])
         if slot.state is SlotState.READY and self._quota_used(slot):
             self._move_slot(slot, SlotState.RETIRING)
         return actions + self._schedule()
 
     def task_cancelled(self, index: int, task_id: int) -> list[Action]:
         """A task the machine said to send was found cancelled; it was not sent."""
-        slot = self._withdraw(index, task_id)
+        slot, actions = self._withdraw(index, task_id)
         self._move_task(self._tasks[task_id], TaskState.CANCELLED)
-        if slot.state is SlotState.RETIRING and not self._quota_used(slot):
+        if (slot.state is SlotState.RETIRING and not self._quota_used(slot)
+                and not slot.over_memory):
             self._move_slot(slot, SlotState.READY)
-        return self._schedule()
+        return actions + self._schedule()
 
     def send_failed(self, index: int, task_id: int) -> list[Action]:
         """Writing the task to its worker failed: the worker never got it, and is broken.
@@ -232,12 +180,12 @@ class StateMachine:
         The task goes back to the front of the queue; the worker is killed (its exit,
         handled later, fails whatever it had already received and was running).
         """
-        slot = self._withdraw(index, task_id)
+        slot, actions = self._withdraw(index, task_id)
         self._move_task(self._tasks[task_id], TaskState.QUEUED)
         self._queue.appendleft(task_id)
-        return [self._kill(slot)] + self._schedule()
+        return actions + self._kill(slot) + self._schedule()
 
-    def _withdraw(self, index: int, task_id: int) -> Slot:
+    def _withdraw(self, index: int, task_id: int) -> tuple[Slot, list[Action]]:
         """Take back a task the dispatcher was told to send but did not deliver."""
         slot = self.slots[index]
         if task_id not in slot.in_flight:
@@ -246,8 +194,8 @@ class StateMachine:
         slot.in_flight.remove(task_id)
         slot.assigned_count -= 1
         if was_running and slot.in_flight:
-            self._move_task(self._tasks[slot.in_flight[0]], TaskState.RUNNING)
-        return slot
+            return slot, self._start_running(slot, self._tasks[slot.in_flight[0]])
+        return slot, []
 
     def worker_misbehaved(self, index: int) -> list[Action]:
         """The worker sent garbage: fail its running task, requeue the rest, kill it."""
@@ -257,16 +205,16 @@ class StateMachine:
             running = slot.in_flight.popleft()
             self._move_task(self._tasks[running], TaskState.FAILED)
             actions.append(FailMisbehaved(running, index))
-        self._requeue_in_flight(slot)
-        actions.append(self._kill(slot))
-        return actions + self._schedule()
+        actions += self._requeue_in_flight(slot)
+        return actions + self._kill(slot) + self._schedule()
 
     def spawn_failed(self, index: int) -> list[Action]:
         """Starting the process raised in the parent: counts as a failed start."""
         return self.worker_exited(index)
 
     def worker_exited(self, index: int, *, unstarted: int = 0) -> list[Action]:
-        """The slot's process is gone (and its last replies were already delivered).
+        """The slot's process is gone (and its last replies were already delivered), or it
+        was given up on after SIGKILL's grace.
 
         ``unstarted``: how many of the last tasks sent to it were still (partly) unread in
         its pipe, so certainly never started: they are requeued, even the first.
@@ -276,15 +224,28 @@ class StateMachine:
         if slot.state is SlotState.STARTING:
             self.start_failures += 1
         if slot.in_flight and unstarted < len(slot.in_flight):
-            running = slot.in_flight.popleft()
-            self._move_task(self._tasks[running], TaskState.FAILED)
-            actions.append(FailDied(running, index))
-        self._requeue_in_flight(slot)
+            actions.append(self._end_running_task(slot))
+        actions += self._requeue_in_flight(slot)
         self._move_slot(slot, SlotState.EMPTY)
-        slot.assigned_count = 0
         if not self.broken and self.start_failures >= MAX_START_FAILURES:
             actions += self._break()
         return actions + self._schedule()
+
+    def stop_task(self, task_id: int) -> list[Action]:
+        """The caller wants this task stopped: cancelled if it has not started, its worker
+        killed (and replaced) if it runs. Nothing happens if it has already ended."""
+        task = self._tasks.get(task_id)
+        if task is None:
+            return []
+        if task.state is TaskState.QUEUED:
+            self._queue.remove(task_id)
+            self._move_task(task, TaskState.CANCELLED)
+            return [Stopped(task_id)] + self._schedule()
+        if task.state is TaskState.ASSIGNED:
+            task.stop_requested = True  # behind another task in its worker's pipe
+            return []
+        slot = next(s for s in self.slots if s.in_flight and s.in_flight[0] == task_id)
+        return self._stop_running(slot)
 
     def shutdown(self, *, cancel_futures: bool) -> list[Action]:
         actions: list[Action] = []
@@ -297,19 +258,47 @@ class StateMachine:
                 actions.append(Cancel(task_id))
         return actions + self._schedule()
 
+    def terminate(self, signum: int) -> list[Action]:
+        """terminate_workers() (SIGTERM) or kill_workers() (SIGKILL): shut down, cancel
+        what has not started, and end every worker now, running tasks included."""
+        actions = self.shutdown(cancel_futures=True)
+        self.terminating = True
+        for slot in self.slots:
+            if slot.state in (SlotState.UNUSED, SlotState.EMPTY):
+                continue
+            if slot.in_flight and slot.ending is None:
+                slot.ending = Ending.TERMINATED
+            if signum == signal.SIGKILL:
+                if slot.escalation not in (Escalation.KILLED, Escalation.GIVEN_UP):
+                    actions += self._kill(slot)
+            elif slot.escalation in (None, Escalation.ASKED):
+                if slot.state is not SlotState.STOPPING:
+                    self._move_slot(slot, SlotState.STOPPING)
+                self._escalate(slot, Escalation.TERMINATED, self._timeouts.terminate)
+                actions.append(Signal(slot.index, signal.SIGTERM))
+        return actions
+
     def tick(self) -> list[Action]:
-        """Fire the escalation deadlines that have passed."""
+        """Fire the task deadlines and escalation deadlines that have passed."""
         now = self._clock()
         actions: list[Action] = []
+        for slot, task in self._timed_running():
+            if task.deadline is not None and task.deadline <= now:
+                task.deadline = None
+                self._move_slot(slot, SlotState.STOPPING)
+                slot.ending = Ending.TIMED_OUT
+                self._escalate(slot, Escalation.DUMPING, self._timeouts.dump)
+                actions.append(DumpStack(slot.index))
         steps = {Escalation.ASKED: (Escalation.TERMINATED, signal.SIGTERM, self._timeouts.terminate),
-                 Escalation.TERMINATED: (Escalation.KILLED, signal.SIGKILL, self._timeouts.kill)}
+                 Escalation.TERMINATED: (Escalation.KILLED, signal.SIGKILL, self._timeouts.kill),
+                 Escalation.DUMPING: (Escalation.KILLED, signal.SIGKILL, self._timeouts.kill)}
         for slot in self.slots:
             if slot.deadline is None or slot.deadline > now:
                 continue
             assert slot.state is SlotState.STOPPING and slot.escalation is not None
             if slot.escalation in steps:
-                slot.escalation, signum, grace = steps[slot.escalation]
-                slot.deadline = now + grace
+                step, signum, grace = steps[slot.escalation]
+                self._escalate(slot, step, grace)
                 actions.append(Signal(slot.index, signum))
             else:
                 slot.escalation, slot.deadline = Escalation.GIVEN_UP, None
@@ -318,16 +307,42 @@ class StateMachine:
 
     # -- internals ----------------------------------------------------------------------------
 
+    def _timed_running(self) -> list[tuple[Slot, Task]]:
+        """Running tasks whose clock can still run out (their worker is not being ended)."""
+        return [(s, self._tasks[s.in_flight[0]]) for s in self.slots
+                if s.in_flight and s.state in (SlotState.READY, SlotState.RETIRING)]
+
     def _quota_used(self, slot: Slot) -> bool:
         return self._max_tasks is not None and slot.assigned_count >= self._max_tasks
 
-    def _requeue_in_flight(self, slot: Slot) -> None:
+    def _end_running_task(self, slot: Slot) -> Action:
+        """The slot's worker is gone: its running task ends as the slot's ``ending`` says."""
+        task = self._tasks[slot.in_flight.popleft()]
+        if slot.ending is Ending.STOPPED:
+            self._move_task(task, TaskState.CANCELLED)
+            return Stopped(task.task_id)
+        self._move_task(task, TaskState.FAILED)
+        if slot.ending is Ending.TIMED_OUT:
+            assert task.timeout is not None
+            return FailTimedOut(task.task_id, slot.index, task.timeout)
+        if slot.ending is Ending.TERMINATED:
+            return FailTerminated(task.task_id, slot.index)
+        return FailDied(task.task_id, slot.index)
+
+    def _requeue_in_flight(self, slot: Slot) -> list[Action]:
         # Received by the worker but never started: safe to run elsewhere, ahead of the
-        # queue so that they keep their place.
+        # queue so that they keep their place; when terminating, they are cancelled instead.
+        actions: list[Action] = []
         for task_id in reversed(slot.in_flight):
-            self._move_task(self._tasks[task_id], TaskState.QUEUED)
-            self._queue.appendleft(task_id)
+            task = self._tasks[task_id]
+            if self.terminating or task.stop_requested:
+                self._move_task(task, TaskState.CANCELLED)
+                actions.append(Stopped(task_id))
+            else:
+                self._move_task(task, TaskState.QUEUED)
+                self._queue.appendleft(task_id)
         slot.in_flight.clear()
+        return actions
 
     def _break(self) -> list[Action]:
         self.broken = True
@@ -352,12 +367,15 @@ class StateMachine:
             if slot is None:
                 break
             task = self._tasks[self._queue.popleft()]
-            self._move_task(task, TaskState.ASSIGNED if slot.in_flight else TaskState.RUNNING)
             slot.in_flight.append(task.task_id)
             slot.assigned_count += 1
             if self._quota_used(slot):
                 self._move_slot(slot, SlotState.RETIRING)
             actions.append(Send(slot.index, task.task_id))
+            if len(slot.in_flight) == 1:
+                actions += self._start_running(slot, task)
+            else:
+                self._move_task(task, TaskState.ASSIGNED)
         return actions
 
     def _pick_slot(self, pipelinable: bool) -> Slot | None:
@@ -371,7 +389,7 @@ class StateMachine:
         return min(open_, key=lambda s: len(s.in_flight), default=None)
 
     def _spawn(self) -> list[Action]:
-        if self.broken:
+        if self.broken or self.terminating:
             return []
         actions: list[Action] = []
         if self.phase is Phase.OPEN:
@@ -412,16 +430,30 @@ class StateMachine:
             self.phase = Phase.CLOSED
         return actions
 
-    def _kill(self, slot: Slot) -> Signal:
-        """SIGKILL the slot's worker now; its exit is expected within the kill grace."""
+    def _stop_running(self, slot: Slot) -> list[Action]:
+        """End the worker running a task the caller stopped (unless its timeout already
+        fired: then the timeout is what the caller is told)."""
+        if slot.ending is Ending.TIMED_OUT:
+            return []
+        actions = self._kill(slot)
+        slot.ending = Ending.STOPPED
+        return actions
+
+    def _kill(self, slot: Slot) -> list[Action]:
+        """SIGKILL the slot's worker now (unless that was done); its exit is expected
+        within the kill grace."""
+        if slot.escalation in (Escalation.KILLED, Escalation.GIVEN_UP):
+            return []
         if slot.state is not SlotState.STOPPING:
             self._move_slot(slot, SlotState.STOPPING)
-        slot.escalation = Escalation.KILLED
-        slot.deadline = self._clock() + self._timeouts.kill
-        return Signal(slot.index, signal.SIGKILL)
+        self._escalate(slot, Escalation.KILLED, self._timeouts.kill)
+        return [Signal(slot.index, signal.SIGKILL)]
+
+    def _escalate(self, slot: Slot, step: Escalation, grace: float) -> None:
+        slot.escalation = step
+        slot.deadline = self._clock() + grace
 
     def _ask_to_stop(self, slot: Slot) -> Stop:
         self._move_slot(slot, SlotState.STOPPING)
-        slot.escalation = Escalation.ASKED
-        slot.deadline = self._clock() + self._timeouts.stop
+        self._escalate(slot, Escalation.ASKED, self._timeouts.stop)
         return Stop(slot.index)

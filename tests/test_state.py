@@ -6,9 +6,10 @@ import signal
 
 import pytest
 
-from pool._state import (MAX_START_FAILURES, Broken, Cancel, Escalation, FailBroken, FailDied,
-                         FailMisbehaved, InvalidTransition, Phase, Resolve, Send, Signal,
-                         SlotState, Spawn, StateMachine, Stop, TaskState, Timeouts, Unreaped)
+from pool._state import (MAX_START_FAILURES, Broken, Cancel, DumpStack, Ending, Escalation,
+                         FailBroken, FailDied, FailMisbehaved, FailTerminated, FailTimedOut,
+                         InvalidTransition, Phase, Resolve, Send, Signal, SlotState, Spawn,
+                         StateMachine, Stop, Stopped, TaskState, Timeouts, Unreaped)
 
 
 class FakeClock:
@@ -253,3 +254,146 @@ def test_every_transition_outside_the_tables_is_refused():
     m, _ = machine(1)
     with pytest.raises(InvalidTransition):
         m.worker_ready(0)  # UNUSED -> READY skips STARTING
+
+
+# --- timeouts, stopping, terminating, memory ------------------------------------------------
+
+def test_a_timeout_counts_from_the_start_of_running_not_from_submit():
+    m, clock = machine(1)
+    m.submit(1, timeout=2.0)
+    clock.now += 50  # a slow start does not eat into the task's time
+    start(m, 0)
+    assert m.next_deadline() == clock.now + 2.0
+    clock.now += 1.9
+    assert m.tick() == []
+    clock.now += 0.1
+    assert m.tick() == [DumpStack(0)]
+    assert m.slots[0].escalation is Escalation.DUMPING
+    assert m.slots[0].ending is Ending.TIMED_OUT
+
+
+def test_a_timed_out_task_fails_with_its_timeout_and_the_slot_is_refilled():
+    m, clock = machine(1, timeouts=Timeouts(dump=1.0, kill=5.0))
+    m.submit(1, timeout=2.0), m.submit(2)
+    start(m, 0)
+    clock.now += 2
+    assert m.tick() == [DumpStack(0)]
+    clock.now += 1  # it did not write its stack and exit in time: killed
+    assert m.tick() == [Signal(0, signal.SIGKILL)]
+    assert m.worker_exited(0) == [FailTimedOut(1, 0, 2.0), Spawn(0)]
+    assert m.worker_ready(0) == [Send(0, 2)]
+
+
+def test_the_next_task_on_a_worker_gets_its_own_clock():
+    m, clock = machine(1, pipeline_depth=2)
+    m.submit(1, pipelinable=True, timeout=5.0), m.submit(2, pipelinable=True, timeout=1.0)
+    start(m, 0)
+    clock.now += 4
+    assert m.task_replied(0, 1) == [Resolve(1)]
+    assert m.next_deadline() == clock.now + 1.0  # task 2 started now, not when it was sent
+
+
+def test_a_reply_that_beats_the_kill_wins_over_the_timeout():
+    m, clock = machine(1)
+    m.submit(1, timeout=1.0)
+    start(m, 0)
+    clock.now += 1
+    assert m.tick() == [DumpStack(0)]
+    assert m.task_replied(0, 1) == [Resolve(1)]
+    assert m.worker_exited(0) == [Spawn(0)]  # the worker still goes; nothing else fails
+
+
+def test_stopping_a_queued_task_cancels_it():
+    m, _ = machine(1)
+    m.submit(1), m.submit(2)
+    assert m.stop_task(2) == [Stopped(2)]
+    assert m.queued == [1] and m.task_state(2) is None
+    assert m.stop_task(2) == []  # already ended: nothing to do
+
+
+def test_stopping_a_running_task_kills_its_worker_and_cancels_it():
+    m, _ = machine(2)
+    m.submit(1), m.submit(2)
+    start(m, 0, 1)
+    assert m.stop_task(1) == [Signal(0, signal.SIGKILL)]
+    assert m.slots[0].ending is Ending.STOPPED
+    assert m.worker_exited(0) == [Stopped(1), Spawn(0)]
+    assert m.task_state(2) is TaskState.RUNNING  # the other worker's task is untouched
+
+
+def test_stopping_a_task_waiting_behind_another_stops_it_when_it_starts():
+    m, _ = machine(1, pipeline_depth=2)
+    m.submit(1, pipelinable=True), m.submit(2, pipelinable=True)
+    start(m, 0)
+    assert m.task_state(2) is TaskState.ASSIGNED
+    assert m.stop_task(2) == []
+    assert m.task_replied(0, 1) == [Resolve(1), Signal(0, signal.SIGKILL)]
+    assert m.worker_exited(0) == [Stopped(2), Spawn(0)]
+
+
+def test_stopping_a_task_that_timed_out_reports_the_timeout():
+    m, clock = machine(1)
+    m.submit(1, timeout=1.0)
+    start(m, 0)
+    clock.now += 1
+    m.tick()
+    assert m.stop_task(1) == []
+    assert m.worker_exited(0) == [FailTimedOut(1, 0, 1.0), Spawn(0)]
+
+
+def test_terminate_cancels_the_queue_and_escalates_sigterm_to_sigkill():
+    m, clock = machine(2, timeouts=Timeouts(terminate=0.5, kill=5.0))
+    for task_id in range(1, 5):
+        m.submit(task_id)
+    start(m, 0, 1)
+    assert m.terminate(signal.SIGTERM) == [Cancel(3), Cancel(4), Signal(0, signal.SIGTERM),
+                                           Signal(1, signal.SIGTERM)]
+    assert m.phase is Phase.DRAINING
+    assert m.worker_exited(0) == [FailTerminated(1, 0)]  # no refill while terminating
+    clock.now += 0.5
+    assert m.tick() == [Signal(1, signal.SIGKILL)]  # slot 1 ignores SIGTERM
+    assert m.worker_exited(1) == [FailTerminated(2, 1)]
+    assert m.closed
+
+
+def test_kill_workers_sends_sigkill_at_once_and_cancels_unstarted_tasks():
+    m, _ = machine(1, pipeline_depth=3)
+    for task_id in (1, 2, 3):
+        m.submit(task_id, pipelinable=True)
+    start(m, 0)
+    assert m.terminate(signal.SIGKILL) == [Signal(0, signal.SIGKILL)]
+    assert m.worker_exited(0, unstarted=1) == [FailTerminated(1, 0), Stopped(3), Stopped(2)]
+    assert m.closed
+
+
+def test_terminate_escalates_a_worker_already_asked_to_stop():
+    m, _ = machine(1)
+    m.submit(1)
+    start(m, 0)
+    m.task_replied(0, 1)
+    assert m.shutdown(cancel_futures=False) == [Stop(0)]
+    assert m.terminate(signal.SIGTERM) == [Signal(0, signal.SIGTERM)]
+    assert m.slots[0].escalation is Escalation.TERMINATED
+
+
+def test_a_worker_over_its_memory_limit_retires_after_its_reply():
+    m, _ = machine(1)
+    m.submit(1), m.submit(2)
+    start(m, 0)
+    assert m.worker_over_memory(0) == []
+    assert m.slots[0].state is SlotState.RETIRING
+    assert m.task_replied(0, 1) == [Resolve(1), Stop(0)]
+    assert m.worker_exited(0) == [Spawn(0)]
+    assert m.worker_ready(0) == [Send(0, 2)]
+
+
+def test_a_worker_given_up_on_is_dropped_and_its_task_fails():
+    m, clock = machine(1, timeouts=Timeouts(kill=5.0))
+    m.submit(1)
+    start(m, 0)
+    m.stop_task(1)
+    clock.now += 5
+    assert m.tick() == [Unreaped(0)]
+    assert m.slots[0].escalation is Escalation.GIVEN_UP
+    # The dispatcher reports the pid and drops the process; the slot is refilled.
+    assert m.worker_exited(0) == [Stopped(1), Spawn(0)]

@@ -1,15 +1,18 @@
 """Random legal event sequences for the state machine, checked against its guarantees.
 
 A small simulated dispatcher owns fake worker processes and feeds the machine every event
-a real one could produce, in random order: submissions, READY, replies, deaths (with tasks
-left unread), cancellations and failed writes discovered at send time, garbage, shutdown
-and the passing of time. Whatever happens, the machine must accept it, end every task
+a real one could produce, in random order: submissions (some with timeouts), READY,
+replies, deaths (with tasks left unread), cancellations and failed writes discovered at
+send time, garbage, over-memory reports, stop requests, shutdown, terminate / kill, and the
+passing of time (which fires timeouts and escalation; a process given up on is dropped, as
+the dispatcher does). Whatever happens, the machine must accept it, end every task
 exactly once, and close once everything is done.
 """
 
 from __future__ import annotations
 
 import random
+import signal
 
 import pytest
 
@@ -57,11 +60,16 @@ class World:
                 elif roll < 0.15:
                     work += self.machine.send_failed(action.slot, action.task_id)
             elif isinstance(action, (act.Resolve, act.FailDied, act.FailMisbehaved,
-                                     act.FailBroken, act.Cancel)):
+                                     act.FailBroken, act.Cancel, act.Stopped,
+                                     act.FailTimedOut, act.FailTerminated)):
                 self.end(action.task_id, type(action).__name__)
-            elif isinstance(action, (act.Stop, act.Signal)):
+            elif isinstance(action, (act.Stop, act.Signal, act.DumpStack)):
                 assert action.slot in self.alive, f"{action} for a slot with no process"
-            elif isinstance(action, (act.Broken, act.Unreaped)):
+            elif isinstance(action, act.Unreaped):
+                assert action.slot in self.alive
+                del self.alive[action.slot]  # the dispatcher abandons it and says so
+                work += self.machine.worker_exited(action.slot)
+            elif isinstance(action, act.Broken):
                 pass
             else:
                 raise AssertionError(action)
@@ -80,11 +88,15 @@ class World:
         choices += ["ready"] * len(starting) * 2 + ["reply"] * len(busy) * 3
         choices += ["die"] * (1 if self.alive and rng.random() < 0.2 else 0)
         choices += ["garbage"] * (1 if busy and rng.random() < 0.05 else 0)
+        choices += ["memory"] * (1 if busy and rng.random() < 0.05 else 0)
+        choices += ["stop"] * (1 if self.next_task > 1 and rng.random() < 0.1 else 0)
+        choices += ["terminate"] * (1 if rng.random() < 0.01 else 0)
         choices += ["tick"]
         choice = rng.choice(choices)
         if choice == "submit":
             task_id, self.next_task = self.next_task, self.next_task + 1
-            self.perform(m.submit(task_id, pipelinable=rng.random() < 0.7))
+            timeout = rng.choice([None, None, 0.5, 3])
+            self.perform(m.submit(task_id, pipelinable=rng.random() < 0.7, timeout=timeout))
         elif choice == "shutdown":
             self.shut = True
             self.perform(m.shutdown(cancel_futures=rng.random() < 0.5))
@@ -99,6 +111,13 @@ class World:
             self.die(rng.choice(list(self.alive)))
         elif choice == "garbage":
             self.perform(m.worker_misbehaved(rng.choice(busy)))
+        elif choice == "memory":
+            self.perform(m.worker_over_memory(rng.choice(busy)))
+        elif choice == "stop":  # any task, perhaps one that has ended already
+            self.perform(m.stop_task(rng.randrange(1, self.next_task)))
+        elif choice == "terminate":
+            self.shut = True
+            self.perform(m.terminate(rng.choice([signal.SIGTERM, signal.SIGKILL])))
         else:
             self.clock.now += rng.choice([0.1, 1, 4])
             self.perform(m.tick())
@@ -114,7 +133,11 @@ class World:
         m = self.machine
         if not self.shut:
             self.shut = True
-            self.perform(m.shutdown(cancel_futures=self.rng.random() < 0.5))
+            roll = self.rng.random()
+            if roll < 0.2:
+                self.perform(m.terminate(self.rng.choice([signal.SIGTERM, signal.SIGKILL])))
+            else:
+                self.perform(m.shutdown(cancel_futures=roll < 0.6))
         for _ in range(10_000):
             if m.closed:
                 return

@@ -1,0 +1,115 @@
+"""What the state machine keeps: task and slot records, their states and legal transitions.
+
+Owns: the state enums, their transition tables, the grace periods, and the two records.
+Runs in: the dispatcher thread, through ``StateMachine`` (which alone changes them).
+Guarantees: every state a task or slot can be in is named here, and every legal move is in
+a table; ``StateMachine`` refuses any other move with ``InvalidTransition``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+
+class InvalidTransition(RuntimeError):
+    """An event arrived that the current state cannot accept: a bug in the pool."""
+
+
+class TaskState(enum.Enum):
+    QUEUED = "queued"        # waiting in the pool's queue
+    ASSIGNED = "assigned"    # sent to a worker, behind the task that worker is running
+    RUNNING = "running"      # the first task in flight on its worker
+    DONE = "done"            # a reply arrived
+    FAILED = "failed"        # its worker died, misbehaved, timed out or was terminated
+    CANCELLED = "cancelled"  # cancelled before it started, or stopped while running
+
+
+TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
+    TaskState.QUEUED: frozenset({TaskState.ASSIGNED, TaskState.RUNNING, TaskState.CANCELLED,
+                                 TaskState.FAILED}),
+    TaskState.ASSIGNED: frozenset({TaskState.RUNNING, TaskState.QUEUED, TaskState.CANCELLED}),
+    # RUNNING -> QUEUED only when the write to the worker failed, or the worker died before
+    # reading all of it: either way it never started.
+    TaskState.RUNNING: frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED,
+                                  TaskState.QUEUED}),
+    TaskState.DONE: frozenset(),
+    TaskState.FAILED: frozenset(),
+    TaskState.CANCELLED: frozenset(),
+}
+
+
+class SlotState(enum.Enum):
+    UNUSED = "unused"      # never started; started on demand
+    STARTING = "starting"  # process started, READY not yet received
+    READY = "ready"        # takes tasks
+    RETIRING = "retiring"  # takes no more tasks; stopped once its in-flight tasks are done
+    STOPPING = "stopping"  # being ended; escalation deadlines run until it exits
+    EMPTY = "empty"        # its process exited and was reaped; refilled while the pool is open
+
+
+SLOT_TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
+    SlotState.UNUSED: frozenset({SlotState.STARTING}),
+    SlotState.STARTING: frozenset({SlotState.READY, SlotState.STOPPING, SlotState.EMPTY}),
+    SlotState.READY: frozenset({SlotState.RETIRING, SlotState.STOPPING, SlotState.EMPTY}),
+    # RETIRING -> READY when the task that used up its quota was cancelled before sending.
+    SlotState.RETIRING: frozenset({SlotState.READY, SlotState.STOPPING, SlotState.EMPTY}),
+    SlotState.STOPPING: frozenset({SlotState.EMPTY}),
+    SlotState.EMPTY: frozenset({SlotState.STARTING}),
+}
+
+
+class Phase(enum.Enum):
+    OPEN = "open"          # accepting tasks; slots that emptied are refilled
+    DRAINING = "draining"  # shutdown asked: finish what was submitted, then stop every worker
+    CLOSED = "closed"      # every task resolved and every worker gone
+
+
+class Escalation(enum.Enum):
+    """How hard a STOPPING slot has been asked to exit (each step has a grace deadline)."""
+
+    ASKED = "asked"            # its task pipe was closed: an idle worker exits at end of file
+    DUMPING = "dumping"        # its task timed out: asked to write its stack, then it exits
+    TERMINATED = "terminated"  # SIGTERM sent to it and its process group
+    KILLED = "killed"          # SIGKILL sent to it and its process group
+    GIVEN_UP = "given up"      # still not gone after SIGKILL's grace: reported, not assumed
+
+
+class Ending(enum.Enum):
+    """Why the pool is ending a worker that runs a task; decides how that task ends."""
+
+    TIMED_OUT = "timed out"    # the task overran its timeout: it fails with TaskTimeout
+    STOPPED = "stopped"        # the caller stopped it: its future ends cancelled
+    TERMINATED = "terminated"  # terminate_workers() / kill_workers(): WorkerTerminated
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Grace periods of the escalation, in seconds."""
+    stop: float = 3.0       # an idle worker asked to stop (task pipe closed), before SIGTERM
+    terminate: float = 0.5  # after SIGTERM, before SIGKILL
+    kill: float = 5.0       # after SIGKILL, before reporting the process as unreaped
+    dump: float = 1.0       # a timed-out worker asked for its stack, before SIGKILL
+
+
+@dataclass
+class Task:
+    task_id: int
+    pipelinable: bool
+    timeout: float | None = None
+    state: TaskState = TaskState.QUEUED
+    deadline: float | None = None   # set when it starts RUNNING, if it has a timeout
+    stop_requested: bool = False    # stop it as soon as it starts running
+
+
+@dataclass
+class Slot:
+    index: int
+    state: SlotState = SlotState.UNUSED
+    in_flight: deque[int] = field(default_factory=deque)  # task ids, in send order
+    assigned_count: int = 0                                # tasks sent to this process
+    over_memory: bool = False       # retiring because its worker reported too much memory
+    escalation: Escalation | None = None
+    deadline: float | None = None
+    ending: Ending | None = None    # set while the pool ends it with a task running
