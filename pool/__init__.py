@@ -8,14 +8,18 @@ Swap ``from concurrent.futures import ProcessPoolExecutor`` for
 from __future__ import annotations
 
 from ._errors import (ArgumentPicklingError, InitializerError, PoolInternalError,
-                      RemoteTaskError, ResultTransferError, TaskInfo, WorkerDied,
-                      WorkerProtocolError)
+                      RemoteTaskError, ResultTransferError, TaskInfo, TaskTimeout, WorkerDied,
+                      WorkerProtocolError, WorkerTerminated)
 from ._executor import ProcessPool, ProcessPoolExecutor
+from ._futures import PoolFuture
 
 __all__ = [
     "ProcessPool",
     "ProcessPoolExecutor",
+    "PoolFuture",
     "WorkerDied",
+    "TaskTimeout",
+    "WorkerTerminated",
     "InitializerError",
     "PoolInternalError",
     "WorkerProtocolError",

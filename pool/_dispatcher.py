@@ -4,16 +4,20 @@
 
  caller threads                   dispatcher thread "pool-dispatcher-N"       worker processes
  ──────────────                   ─────────────────────────────────────       ────────────────
- Dispatcher.submit(record)        _run: while not machine.closed: _turn()      worker_main:
-   Submit ─► _commands ─►          ready = wait([_wakeup.reader,                 read_frame(CALL)
-   _wakeup.wake()                             *reply fds, *sentinels],           run fn(*args)
-                                              timeout=next deadline)             write_frame(RESULT
- future.result() ◄── _resolve ◄─   drain_wakeups   (Submit, Shutdown)                   | RAISED)
- done-callbacks ◄── CallbackRunner deliver_replies (WorkerHandle.read: FrameReader)
- (own thread)                      handle_exits    (WorkerHandle.finish → WorkerDied)
-                                   fire_deadlines  (stop escalation)            _watch_parent:
-                                   _perform(actions of the StateMachine:         lifeline hang-up
-                                     Spawn, Send, Resolve, Fail*, Stop, Signal)  → killpg, exit
+ Dispatcher.submit(record)        _run: while not done: _turn()                worker_main:
+ Dispatcher.stop_task(id)          ready = wait([_wakeup.reader,                 read_frame(CALL)
+ Dispatcher.terminate(signum)                 *reply fds, *sentinels],           run fn(*args)
+   Submit|StopTask|Terminate ─►               timeout=next deadline)             write_frame(RESULT
+   _commands, _wakeup.wake()       drain_wakeups   (Submit, Shutdown, StopTask,          | RAISED)
+                                                    Terminate)
+ future.result() ◄── _resolve ◄─   deliver_replies (WorkerHandle.read: FrameReader)
+ done-callbacks ◄── CallbackRunner handle_exits    (WorkerHandle.finish → WorkerDied,
+ (own threads)                                      TaskTimeout, WorkerTerminated)
+                                   fire_deadlines  (task timeouts → DumpStack;    DUMP_SIGNAL:
+                                                    escalation; lingering groups)  stack → exit
+                                   _perform(actions of the StateMachine:        _watch_parent:
+                                     Spawn, Send, Resolve, Fail*, Stopped,        lifeline hang-up
+                                     Stop, Signal, DumpStack, Unreaped)           → killpg, exit
 
 Owns: the ``StateMachine``, the task records, one ``WorkerHandle`` per live worker, the
 pool's lifeline pipe, and the wakeup handle.
@@ -28,13 +32,20 @@ Guarantees:
 - the loop ends in a firewall: if it raises, every unresolved future gets
   ``PoolInternalError`` chained to the cause, every worker is killed, and later submits
   raise it;
-- a worker's exit closes all four of its descriptors and reaps it, so nothing accumulates.
-Assumes: callers enqueue commands only through ``submit`` and ``shutdown``; the thread is
+- a worker's exit closes all four of its descriptors and reaps it, so nothing accumulates;
+  members of its process group still running after it are watched until they are gone, or
+  reported by pid after SIGKILL's grace; a worker that cannot be reaped is reported by pid
+  and its slot refilled, never assumed gone;
+- the loop ends only when every task is resolved, every worker reaped (or reported) and
+  every lingering process group gone (or reported).
+Assumes: callers enqueue commands only through ``submit``, ``shutdown``, ``stop_task`` and
+``terminate``; the thread is
 the only reader and writer of every attribute not marked as shared.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import os
@@ -43,13 +54,14 @@ import signal
 import threading
 import time
 import traceback
+from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import wait
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Union
 
 from . import _exit, _state, _teardown, _wire
-from ._errors import (InitializerError, PoolInternalError, TaskInfo, WorkerDied,
-                      WorkerProtocolError, describe_exit)
+from ._errors import (InitializerError, PoolInternalError, TaskInfo, TaskTimeout, WorkerDied,
+                      WorkerProtocolError, WorkerTerminated, describe_exit)
 from ._futures import CallbackRunner, PoolFuture, install_on_dispatcher_thread
 from ._state import StateMachine
 from ._wakeup import Wakeup
@@ -72,6 +84,7 @@ class TaskRecord:
     info: TaskInfo
     future: PoolFuture
     body: bytes              # the CALL frame's body
+    timeout: float | None    # seconds it may run, from the moment it starts
     marked_running: bool = False
     outcome: tuple[bool, Any] | None = None
 
@@ -86,20 +99,42 @@ class Shutdown:
     cancel_futures: bool
 
 
+@dataclass(frozen=True)
+class StopTask:
+    task_id: int
+
+
+@dataclass(frozen=True)
+class Terminate:
+    signum: int  # SIGTERM (terminate_workers) or SIGKILL (kill_workers)
+
+
+Command = Union[Submit, Shutdown, StopTask, Terminate]
+
+# While a worker's process group still has running members after the worker's exit, the
+# loop re-checks it this often (only then: an idle pool never wakes up on its own).
+_LINGERING_POLL_SECONDS = 0.01
+
+
 class Dispatcher:
     def __init__(self, *, max_workers: int, mp_context: Any, initializer: bytes | None,
-                 max_tasks_per_child: int | None, pipeline_depth: int = 1,
-                 timeouts: _state.Timeouts = _state.Timeouts()) -> None:
+                 max_tasks_per_child: int | None, max_memory_per_child: int | None = None,
+                 pipeline_depth: int = 1, timeouts: _state.Timeouts = _state.Timeouts()
+                 ) -> None:
         self.name = f"pool-dispatcher-{next(_dispatcher_numbers)}"
         self._ctx = mp_context
         self._fork = mp_context.get_start_method() == "fork"
         self._initializer = initializer
         self._max_tasks = max_tasks_per_child
+        self._max_memory = max_memory_per_child
+        self._timeouts = timeouts
         self._machine = StateMachine(max_workers, time.monotonic,
                                      max_tasks_per_child=max_tasks_per_child,
                                      pipeline_depth=pipeline_depth, timeouts=timeouts)
         self._tasks: dict[int, TaskRecord] = {}
         self._workers: dict[int, WorkerHandle] = {}  # slot index -> live worker
+        self._abandoned: list[WorkerHandle] = []     # survived SIGKILL's grace; reported
+        self._lingering: dict[int, float] = {}       # process group -> when to give up on it
         self._last_start_failure: str = ""
         self._last_start_cause: BaseException | None = None
         self._callbacks = CallbackRunner(f"{self.name}-callbacks")
@@ -107,10 +142,13 @@ class Dispatcher:
         # Shared with caller threads: guarded by _lock (never taken by the loop itself
         # except to publish a failure).
         self._lock = threading.Lock()
-        self._commands: queue.SimpleQueue[Submit | Shutdown] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._task_ids = itertools.count(1)
         self._owner_pid = os.getpid()
         self._closing = False
+        self._released = False
+        # Resolved once the loop has ended (at once if it never started): for awaiting.
+        self.finished: Future[None] = Future()
         self.broken_error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._wakeup: Wakeup | None = None
@@ -132,17 +170,37 @@ class Dispatcher:
         if _exit.interpreter_exiting:
             raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
-    def submit(self, make_info: Callable[[int], TaskInfo], body: bytes) -> PoolFuture:
+    def submit(self, make_info: Callable[[int], TaskInfo], body: bytes,
+               timeout: float | None = None) -> PoolFuture:
         """Queue one encoded call (caller thread). Raises if the pool cannot take it."""
         future = PoolFuture()
         with self._lock:
             self.check_open()
             self._start_thread()
             task_id = next(self._task_ids)
-            self._commands.put(Submit(TaskRecord(make_info(task_id), future, body)))
+            future._stop_hook = functools.partial(self._command, StopTask(task_id))
+            self._commands.put(Submit(TaskRecord(make_info(task_id), future, body, timeout)))
         assert self._wakeup is not None
         self._wakeup.wake()
         return future
+
+    def _command(self, command: Command) -> None:
+        """Hand the loop a command (caller thread); dropped once the loop has ended."""
+        with self._lock:
+            if self._thread is None or self._released:
+                return
+            self._commands.put(command)
+        assert self._wakeup is not None
+        self._wakeup.wake()
+
+    def terminate(self, signum: int, wait: bool) -> None:
+        """terminate_workers() / kill_workers() (caller thread): cancel what has not started,
+        end every worker now with ``signum`` (escalating to SIGKILL), and with ``wait``,
+        return once every worker is reaped or reported."""
+        self.shutdown(wait=False, cancel_futures=True)
+        self._command(Terminate(signum))
+        if wait:
+            self.join()
 
     def shutdown(self, wait: bool, cancel_futures: bool) -> None:
         """Ask the loop to finish (caller thread); with ``wait``, until it has."""
@@ -151,18 +209,49 @@ class Dispatcher:
             if started and (not self._closing or cancel_futures):
                 self._commands.put(Shutdown(cancel_futures))
             self._closing = True
+            if not started and not self.finished.done():
+                self.finished.set_result(None)
         if started:
-            assert self._wakeup is not None and self._thread is not None
+            assert self._wakeup is not None
             self._wakeup.wake()
-            if wait and self._thread is not threading.current_thread():
-                self._thread.join()
-                # As with the stdlib, whose manager thread runs them: every callback of a
-                # resolved future has run when shutdown(wait=True) returns.
-                self._callbacks.join()
+            if wait:
+                self.join()
+
+    def join(self, callback_timeout: float | None = None) -> None:
+        """Wait for the loop to end (caller thread), then for the callbacks it queued: as
+        with the stdlib, whose manager thread runs them, every callback of a resolved
+        future has run when shutdown(wait=True) returns. ``callback_timeout`` bounds that
+        second wait (interpreter exit does not wait forever for a blocked callback)."""
+        if self._thread is None or self._thread is threading.current_thread():
+            return
+        self._thread.join()
+        blocked = self._callbacks.join(callback_timeout)
+        if blocked:
+            logger.warning("%s: not waiting for %d done-callback(s) still running",
+                           self.name, len(blocked))
+
+    @property
+    def stop_grace(self) -> float:
+        return self._timeouts.stop
 
     @property
     def thread(self) -> threading.Thread | None:
         return self._thread
+
+    def close_in_forked_child(self) -> None:
+        """Runs in a child that some thread of ours forked (``os.register_at_fork``): close
+        the copies of the descriptors that decide when workers exit, so that a long-lived
+        child cannot keep the workers of a dead parent alive (lifeline) or keep a worker
+        asked to stop from seeing end of file (task pipes)."""
+        fds = [self._lifeline[1]] if self._lifeline is not None else []
+        for worker in list(self._workers.values()):
+            if worker.task_fd is not None:
+                fds.append(worker.task_fd)
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def _start_thread(self) -> None:
         if self._thread is not None:
@@ -178,7 +267,7 @@ class Dispatcher:
     def _run(self) -> None:
         install_on_dispatcher_thread(self._callbacks)
         try:
-            while not self._machine.closed:
+            while not (self._machine.closed and not self._lingering):
                 self._turn()
         except BaseException as exc:  # the firewall: never a hang, never a silent death
             self._fail_everything(exc)
@@ -190,6 +279,8 @@ class Dispatcher:
             raise self._injected_fault
         deadline = self._machine.next_deadline()
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if self._lingering:
+            timeout = min(timeout if timeout is not None else 1.0, _LINGERING_POLL_SECONDS)
         ready: set[int] = set(wait(self._watched(), timeout))  # type: ignore[arg-type]
         self.drain_wakeups(ready)
         self.deliver_replies(ready)
@@ -215,11 +306,16 @@ class Dispatcher:
                 record = command.record
                 self._tasks[record.info.task_id] = record
                 self._perform(self._machine.submit(
-                    record.info.task_id, pipelinable=len(record.body) <= PIPELINE_MAX_BYTES))
-            else:
+                    record.info.task_id, pipelinable=len(record.body) <= PIPELINE_MAX_BYTES,
+                    timeout=record.timeout))
+            elif isinstance(command, Shutdown):
                 self._perform(self._machine.shutdown(cancel_futures=command.cancel_futures))
+            elif isinstance(command, StopTask):
+                self._perform(self._machine.stop_task(command.task_id))
+            else:
+                self._perform(self._machine.terminate(command.signum))
 
-    def _take_commands(self) -> Iterator[Submit | Shutdown]:
+    def _take_commands(self) -> Iterator[Command]:
         while True:
             try:
                 yield self._commands.get_nowait()
@@ -239,6 +335,20 @@ class Dispatcher:
 
     def fire_deadlines(self) -> None:
         self._perform(self._machine.tick())
+        if self._lingering:
+            self._check_lingering_groups()
+
+    def _check_lingering_groups(self) -> None:
+        now = time.monotonic()
+        for group, give_up_at in list(self._lingering.items()):
+            left = _teardown.live_group_members(group)
+            if not left:
+                del self._lingering[group]
+            elif now >= give_up_at:
+                del self._lingering[group]
+                logger.error("%s: processes %s of a worker's process group %d are still "
+                             "running %g s after SIGKILL; giving up on them", self.name,
+                             left, group, self._timeouts.kill)
 
     # -- replies and exits ----------------------------------------------------------------------
 
@@ -268,6 +378,13 @@ class Dispatcher:
             self._perform(self._machine.worker_ready(slot))
         elif frame.kind is Kind.INIT_FAILED:
             worker.start_error = _wire.decode_exception(frame.body)
+        elif frame.kind is Kind.OVER_MEMORY:
+            if len(frame.body) != 8:
+                raise _wire.MalformedFrame(f"{len(frame.body)} bytes, not 8")
+            logger.info("%s: worker pid %d uses %d bytes, above max_memory_per_child; "
+                        "replacing it after this task", self.name, worker.pid,
+                        int.from_bytes(frame.body, "big"))
+            self._perform(self._machine.worker_over_memory(slot))
         else:
             in_flight = machine_slot.in_flight
             if not in_flight or in_flight[0] != frame.task_id:
@@ -282,6 +399,9 @@ class Dispatcher:
         if ended.exitcode is None:
             logger.error("%s: worker pid %d exited but could not be reaped", self.name,
                          ended.pid)
+            self._abandoned.append(worker)
+        if ended.group_left:  # SIGKILLed with the worker; they may take a moment to go
+            self._lingering[ended.pid] = time.monotonic() + self._timeouts.kill
         running = self._machine.slots[slot].in_flight
         state = self._machine.slots[slot].state
         if state is _state.SlotState.STARTING:
@@ -324,15 +444,15 @@ class Dispatcher:
 
     def _perform(self, actions: list[_state.Action], death: Exit | None = None) -> None:
         """Carry out actions in order; ``death`` describes the worker whose exit produced
-        them, for ``FailDied``."""
+        them, for the actions that fail its running task."""
         work = list(actions)
         while work:
             action = work.pop(0)
-            if isinstance(action, _state.FailDied):
+            if isinstance(action, (_state.FailDied, _state.FailTimedOut,
+                                   _state.FailTerminated)):
                 assert death is not None
                 record = self._tasks.pop(action.task_id)
-                _resolve(record.future, None, WorkerDied(death.pid, death.exitcode, record.info,
-                                                         death.crash_report))
+                _resolve(record.future, None, _failure(action, death, record.info))
             else:
                 work += self._perform_one(action)
 
@@ -355,21 +475,35 @@ class Dispatcher:
             _resolve(record.future, None, self._initializer_error())
         elif isinstance(action, _state.Cancel):
             self._tasks.pop(action.task_id).future.cancel()
+        elif isinstance(action, _state.Stopped):
+            self._tasks.pop(action.task_id).future._end_cancelled()
         elif isinstance(action, _state.Spawn):
             return self._spawn(action.slot)
         elif isinstance(action, _state.Stop):
             self._workers[action.slot].close_task_pipe()
         elif isinstance(action, _state.Signal):
             self._workers[action.slot].signal(action.signum)
+        elif isinstance(action, _state.DumpStack):
+            self._workers[action.slot].dump_stack()
         elif isinstance(action, _state.Unreaped):
-            logger.error("%s: worker pid %d is still alive after SIGKILL; giving up on it",
-                         self.name, self._workers[action.slot].pid)
+            self._abandon(action.slot)
         elif isinstance(action, _state.Broken):
             with self._lock:
                 self.broken_error = self._initializer_error()
         else:
             raise AssertionError(f"unknown action {action!r}")
         return []
+
+    def _abandon(self, slot: int) -> None:
+        """The worker outlived SIGKILL's grace (stuck in the kernel): report it by pid, free
+        its slot, and try once more to reap it when the pool ends."""
+        worker = self._workers.pop(slot)
+        logger.error("%s: worker pid %d is still alive %g s after SIGKILL; giving up on it "
+                     "(its slot gets a new worker)", self.name, worker.pid, self._timeouts.kill)
+        ended = worker.abandon()
+        self._abandoned.append(worker)
+        unstarted = self._count_unstarted(slot, ended.unread_task_bytes)
+        self._perform(self._machine.worker_exited(slot, unstarted=unstarted), death=ended)
 
     def _send(self, slot: int, record: TaskRecord) -> list[_state.Action]:
         if not record.marked_running:
@@ -394,7 +528,7 @@ class Dispatcher:
             self._workers[slot] = WorkerHandle.start(
                 self._ctx, f"{self.name}-worker-{slot}", lifeline_fd=self._lifeline[0],
                 initializer=self._initializer, max_tasks=self._max_tasks,
-                inherited_fds=inherited)
+                max_memory=self._max_memory, inherited_fds=inherited)
         except Exception as exc:
             self._last_start_failure = f"starting the process failed: {_format(exc)}"
             self._last_start_cause = exc
@@ -434,14 +568,20 @@ class Dispatcher:
         for slot, worker in list(self._workers.items()):
             if worker.finish().exitcode is None:
                 logger.error("%s: worker pid %d could not be reaped", self.name, worker.pid)
+                self._abandoned.append(worker)
             del self._workers[slot]
+        for worker in self._abandoned:  # one last try; a process stuck for good stays named
+            if not worker.reap_abandoned(timeout=0.1):
+                logger.error("%s: worker pid %d was never confirmed gone", self.name, worker.pid)
         assert self._wakeup is not None and self._lifeline is not None
         with self._lock:
             self._closing = True
+            self._released = True
         self._wakeup.close()
         _teardown.close_fds(*self._lifeline)
         self._callbacks.close()
         _exit.forget(self)
+        self.finished.set_result(None)
 
 
 def _resolve(future: PoolFuture, result: Any, exception: BaseException | None) -> None:
@@ -452,6 +592,16 @@ def _resolve(future: PoolFuture, result: Any, exception: BaseException | None) -
             future.set_exception(exception)
     except Exception:  # InvalidStateError: the caller cancelled it while it was queued
         pass
+
+
+def _failure(action: _state.FailDied | _state.FailTimedOut | _state.FailTerminated,
+             death: Exit, info: TaskInfo) -> BaseException:
+    """The error for a task whose worker ended while running it."""
+    if isinstance(action, _state.FailTimedOut):
+        return TaskTimeout(action.timeout, death.pid, info, death.crash_report)
+    if isinstance(action, _state.FailTerminated):
+        return WorkerTerminated(death.pid, death.exitcode, info)
+    return WorkerDied(death.pid, death.exitcode, info, death.crash_report)
 
 
 def _fresh(error: BaseException) -> BaseException:

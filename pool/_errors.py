@@ -19,6 +19,8 @@ from typing import Any, Callable
 __all__ = [
     "TaskInfo",
     "WorkerDied",
+    "TaskTimeout",
+    "WorkerTerminated",
     "InitializerError",
     "PoolInternalError",
     "WorkerProtocolError",
@@ -159,6 +161,56 @@ class WorkerDied(BrokenProcessPool):
         elif self.exitcode is not None and self.exitcode >= 0:
             text += "\nThe worker exited without a Python error (os._exit or a C-level exit)."
         return text
+
+
+class TaskTimeout(TimeoutError):
+    """The task ran longer than its timeout, so the pool stopped it.
+
+    Raised by ``future.result()`` of a task submitted with a timeout (``task_timeout=`` of the
+    pool, or ``timeout=`` of :meth:`ProcessPool.schedule`) that was still running when the
+    time was up, counted from the moment it started running. The parent enforces it: the
+    worker is asked to write its Python stack, then it and its process group are killed and
+    replaced. ``TimeoutError`` (also what ``future.result(timeout)`` raises) catches it.
+
+    Attributes: ``timeout`` (seconds), ``task`` (a :class:`TaskInfo`), ``pid`` and
+    ``stack``: where the task was when its time ran out (every thread of the worker, the
+    task's first), or ``None`` if the worker could not write it.
+    """
+
+    def __init__(self, timeout: float, pid: int, task: TaskInfo,
+                 stack: str | None = None) -> None:
+        super().__init__(timeout, pid, task, stack)
+        self.timeout = timeout
+        self.pid = pid
+        self.task = task
+        self.stack = stack or None
+
+    def __str__(self) -> str:
+        text = (f"{self.task.describe()} ran longer than its timeout of {self.timeout:g} s "
+                f"and was stopped (worker pid {self.pid}, killed with its process group).")
+        if self.stack:
+            return text + "\nWhere it was when the time ran out:\n" + self.stack.rstrip()
+        return text + "\n(The worker did not write its stack in time.)"
+
+
+class WorkerTerminated(BrokenProcessPool):
+    """The task was running when the pool was told to end its workers.
+
+    Raised by ``future.result()`` of each task that ``terminate_workers()`` or
+    ``kill_workers()`` ended (they are also what a ``KeyboardInterrupt`` leaving a ``with``
+    block, or ending the interpreter, triggers). Tasks that had not started are cancelled
+    instead. Attributes: ``pid``, ``exitcode`` and ``task``.
+    """
+
+    def __init__(self, pid: int, exitcode: int | None, task: TaskInfo) -> None:
+        super().__init__(pid, exitcode, task)
+        self.pid = pid
+        self.exitcode = exitcode
+        self.task = task
+
+    def __str__(self) -> str:
+        return (f"{self.task.describe()} was running on worker pid {self.pid} when the pool "
+                f"ended its workers ({describe_exit(self.exitcode)})")
 
 
 class InitializerError(BrokenProcessPool):

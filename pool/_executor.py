@@ -14,14 +14,26 @@ import functools
 import itertools
 import multiprocessing
 import os
+import signal
 import time
 import weakref
 from concurrent.futures import Executor, Future
+from types import TracebackType
 from typing import Any, Callable, Iterable, Iterator
 
 from . import _wire
 from ._dispatcher import Dispatcher
 from ._errors import TaskInfo
+from ._futures import PoolFuture
+from ._records import Timeouts
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "<the pool's task_timeout>"
+
+
+_POOL_DEFAULT: Any = _Default()
 
 
 def default_context() -> Any:
@@ -52,16 +64,33 @@ class ProcessPool(Executor):
     ``max_tasks_per_child``
         replace a worker after it ran this many tasks.
 
+    And, keyword-only, what the stdlib lacks:
+
+    ``task_timeout``
+        seconds a task may run, counted from when it starts (``None``: no limit; per call,
+        see :meth:`schedule`). A task that overruns fails with :class:`pool.TaskTimeout`
+        holding the stack it was stuck in; its worker is killed and replaced.
+    ``max_memory_per_child``
+        bytes of resident memory: a worker above it after a task is replaced.
+    ``stop_grace``, ``terminate_grace``, ``kill_grace``
+        how ending a worker escalates, in seconds: an idle worker asked to stop gets
+        ``stop_grace`` (3) to exit before SIGTERM; after SIGTERM it gets ``terminate_grace``
+        (0.5) before SIGKILL; after SIGKILL, ``kill_grace`` (5) before it is reported by pid
+        as not confirmed gone. Each signal goes to the worker's whole process group.
+
     A worker that dies fails only the task it was running, with :class:`pool.WorkerDied`
     naming the pid, exit code or signal, the task and the crash site; it is replaced and
-    the pool carries on. Functions, arguments and results are pickled with ``pickle``, or
+    the pool carries on. A ``KeyboardInterrupt`` that leaves a ``with`` block cancels the
+    queued tasks and terminates the running ones instead of waiting for them. Functions, arguments and results are pickled with ``pickle``, or
     ``cloudpickle`` for what ``pickle`` cannot do by reference (lambdas, closures,
     functions of ``__main__``).
     """
 
     def __init__(self, max_workers: int | None = None, mp_context: Any = None,
                  initializer: Callable[..., Any] | None = None, initargs: tuple[Any, ...] = (),
-                 *, max_tasks_per_child: int | None = None) -> None:
+                 *, max_tasks_per_child: int | None = None, task_timeout: float | None = None,
+                 max_memory_per_child: int | None = None, stop_grace: float = 3.0,
+                 terminate_grace: float = 0.5, kill_grace: float = 5.0) -> None:
         if max_workers is None:
             max_workers = _cpu_count()
         elif not isinstance(max_workers, int) or isinstance(max_workers, bool):
@@ -75,6 +104,16 @@ class ProcessPool(Executor):
                 raise TypeError("max_tasks_per_child must be an integer")
             if max_tasks_per_child <= 0:
                 raise ValueError("max_tasks_per_child must be >= 1")
+        if max_memory_per_child is not None:
+            if (not isinstance(max_memory_per_child, int)
+                    or isinstance(max_memory_per_child, bool)):
+                raise TypeError("max_memory_per_child must be an integer (bytes)")
+            if max_memory_per_child <= 0:
+                raise ValueError("max_memory_per_child must be > 0")
+        self._task_timeout = _seconds("task_timeout", task_timeout, optional=True)
+        timeouts = Timeouts(stop=_seconds("stop_grace", stop_grace),
+                            terminate=_seconds("terminate_grace", terminate_grace),
+                            kill=_seconds("kill_grace", kill_grace))
         if mp_context is None:
             mp_context = default_context()
         encoded_initializer = None
@@ -88,7 +127,9 @@ class ProcessPool(Executor):
         self._mp_context = mp_context
         self._dispatcher = Dispatcher(max_workers=max_workers, mp_context=mp_context,
                                       initializer=encoded_initializer,
-                                      max_tasks_per_child=max_tasks_per_child)
+                                      max_tasks_per_child=max_tasks_per_child,
+                                      max_memory_per_child=max_memory_per_child,
+                                      timeouts=timeouts)
         # A pool dropped without shutdown() still finishes its work and releases its
         # processes; the dispatcher holds no reference back to this object.
         self._finalizer = weakref.finalize(self, self._dispatcher.shutdown, False, False)
@@ -99,13 +140,29 @@ class ProcessPool(Executor):
         Raises :class:`pool.ArgumentPicklingError` here, in the caller's thread, if the call
         cannot be pickled; ``RuntimeError`` after shutdown; the pool's error if it broke.
         """
+        return self.schedule(fn, args, kwargs)
+
+    def schedule(self, fn: Callable[..., Any], /, args: Iterable[Any] = (),
+                 kwargs: dict[str, Any] | None = None, *,
+                 timeout: float | None = _POOL_DEFAULT) -> PoolFuture:
+        """``submit`` with options: run ``fn(*args, **kwargs)``, and stop it if it runs
+        longer than ``timeout`` seconds (default: the pool's ``task_timeout``; ``None``: no
+        limit). The clock starts when the task starts running; on expiry its future fails
+        with :class:`pool.TaskTimeout`, which holds the task's stack at that moment.
+        """
         if not callable(fn):
             raise TypeError(f"{fn!r} is not callable")
+        if timeout is _POOL_DEFAULT:
+            timeout = self._task_timeout
+        else:
+            timeout = _seconds("timeout", timeout, optional=True)
+        args = tuple(args)
+        kwargs = {} if kwargs is None else dict(kwargs)
         self._dispatcher.check_open()
         body = _wire.encode_call(_wire.dumps_callable(fn),
                                  _wire.dumps_arguments(fn, args, kwargs))
         return self._dispatcher.submit(
-            lambda task_id: TaskInfo(task_id, fn, args, kwargs), body)
+            lambda task_id: TaskInfo(task_id, fn, args, kwargs), body, timeout)
 
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None,
             chunksize: int = 1, buffersize: int | None = None) -> Iterator[Any]:
@@ -115,7 +172,7 @@ class ProcessPool(Executor):
         call of ``map``, not per item). With ``buffersize``, the input is read lazily: at most
         that many chunks are submitted ahead of the result being yielded, as in 3.14.
         If a chunk fails, its first result raises; leaving the iterator early cancels what
-        has not started.
+        has not started. The pool's ``task_timeout`` applies to each chunk.
         """
         if not isinstance(chunksize, int) or chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
@@ -135,7 +192,8 @@ class ProcessPool(Executor):
 
         def submit_batch(args: tuple[Any, ...]) -> Future[Any]:
             body = _wire.encode_call(fn_blob, _wire.dumps_arguments(fn, args, {}))
-            return self._dispatcher.submit(lambda task_id: TaskInfo(task_id, fn, args, {}), body)
+            return self._dispatcher.submit(lambda task_id: TaskInfo(task_id, fn, args, {}), body,
+                                           self._task_timeout)
 
         futures: collections.deque[Future[Any]] = collections.deque()
         try:
@@ -155,9 +213,68 @@ class ProcessPool(Executor):
         """Stop taking tasks; finish the ones submitted, then end every worker.
 
         ``cancel_futures=True`` cancels the tasks that have not started. With ``wait``,
-        returns once every worker has exited and been reaped.
+        returns once every worker has exited and been reaped. If a ``KeyboardInterrupt``
+        interrupts that wait, the pool stops waiting for its tasks: it terminates the
+        workers (see :meth:`terminate_workers`), then lets the interrupt go on.
         """
-        self._dispatcher.shutdown(wait, cancel_futures)
+        try:
+            self._dispatcher.shutdown(wait, cancel_futures)
+        except KeyboardInterrupt:
+            self._interrupted()
+            raise
+
+    def terminate_workers(self, *, wait: bool = True) -> None:
+        """Shut down now: cancel the tasks that have not started and end every worker with
+        SIGTERM (and its process group), then SIGKILL those still there after
+        ``terminate_grace``. Tasks that were running fail with
+        :class:`pool.WorkerTerminated`. With ``wait`` (unlike the 3.14 stdlib, which does
+        not wait), returns once every worker is reaped or reported by pid."""
+        self._end_workers(signal.SIGTERM, wait)
+
+    def kill_workers(self, *, wait: bool = True) -> None:
+        """Like :meth:`terminate_workers`, with SIGKILL at once."""
+        self._end_workers(signal.SIGKILL, wait)
+
+    def _end_workers(self, signum: int, wait: bool) -> None:
+        try:
+            self._dispatcher.terminate(signum, wait)
+        except KeyboardInterrupt:
+            self._interrupted()
+            raise
+
+    def _interrupted(self) -> None:
+        # Ctrl-C while waiting: terminate; a second Ctrl-C while that waits kills.
+        try:
+            self._dispatcher.terminate(signal.SIGTERM, wait=True)
+        except KeyboardInterrupt:
+            self._dispatcher.terminate(signal.SIGKILL, wait=True)
+            raise
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            self._interrupted()  # do not make the user wait for what they interrupted
+        else:
+            self.shutdown(wait=True)
+
+    async def __aenter__(self) -> ProcessPool:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        """``async with``: as ``with``, but waits for the tasks without blocking the event
+        loop; if that wait is cancelled (or interrupted), the workers are terminated."""
+        import asyncio
+        if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt,
+                                                          asyncio.CancelledError)):
+            self._interrupted()
+            return
+        self._dispatcher.shutdown(wait=False, cancel_futures=False)
+        try:
+            await asyncio.wrap_future(self._dispatcher.finished)  # (done-callbacks not awaited)
+        except BaseException:
+            self._interrupted()
+            raise
 
 
 ProcessPoolExecutor = ProcessPool
@@ -193,6 +310,16 @@ def _result_or_cancel(future: Future[Any], timeout: float | None) -> Any:
 def _batched(items: Iterator[tuple[Any, ...]], size: int) -> Iterator[tuple[tuple[Any, ...], ...]]:
     while chunk := tuple(itertools.islice(items, size)):
         yield chunk
+
+
+def _seconds(name: str, value: Any, *, optional: bool = False) -> Any:
+    if value is None and optional:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise TypeError(f"{name} must be a number of seconds{' or None' if optional else ''}")
+    if not value > 0 or value != value or value == float("inf"):
+        raise ValueError(f"{name} must be > 0 and finite, not {value!r}")
+    return float(value)
 
 
 def _cpu_count() -> int:

@@ -1,13 +1,25 @@
-"""Interpreter exit: pools still open are shut down, as ``ProcessPoolExecutor``'s are.
+"""The pool and the life of its process: interpreter exit, and fork.
 
-Owns: the set of live dispatchers and the exit hook. Runs in: the thread that runs the
-interpreter's exit hooks (and dispatchers registering or leaving, from their own threads).
-Guarantees: at a normal exit every pool still open finishes its submitted work and reaps
-its workers before the interpreter goes on; after that, new submissions are refused.
+Owns: the set of live dispatchers, the exit hook and the at-fork hook.
+Runs in: the thread that runs the interpreter's exit hooks; a forked child's only thread;
+dispatchers registering or leaving, from their own threads.
+Guarantees:
+- at a normal exit every pool still open finishes its submitted work and reaps its workers
+  before the interpreter goes on (the stdlib's promise); after that, submissions are
+  refused. A callback that blocks does not hold the exit for more than ``stop`` grace;
+- at an exit caused by an unhandled ``KeyboardInterrupt``, or when Ctrl-C interrupts that
+  wait, nothing more is waited for: queued tasks are cancelled, running ones terminated
+  (SIGTERM, then SIGKILL), and every worker reaped;
+- a child forked from a pool's process (``os.fork``, ``multiprocessing``'s fork) closes its
+  copies of the pool's lifeline and task pipes at once, so it cannot keep workers alive; a
+  worker the dispatcher itself forks is left alone (it closes what it must itself).
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
 import threading
 import weakref
 from typing import Any
@@ -17,20 +29,49 @@ _registered = False
 interpreter_exiting = False
 
 
+def _exiting_after_interrupt() -> bool:
+    last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    return isinstance(last, KeyboardInterrupt)
+
+
 def _shut_down_all() -> None:
     global interpreter_exiting
     interpreter_exiting = True
+    dispatchers = list(_live)
+    interrupted = _exiting_after_interrupt()
+    for dispatcher in dispatchers:
+        try:
+            if interrupted:
+                dispatcher.terminate(signal.SIGTERM, wait=False)
+            else:
+                dispatcher.shutdown(wait=False, cancel_futures=False)
+            dispatcher.join(callback_timeout=dispatcher.stop_grace)
+        except KeyboardInterrupt:  # Ctrl-C while waiting at exit: stop waiting for tasks
+            for other in dispatchers:
+                other.terminate(signal.SIGTERM, wait=False)
+            for other in dispatchers:
+                other.join(callback_timeout=0)
+            return
+
+
+def _close_in_child() -> None:
+    current = threading.current_thread()
     for dispatcher in list(_live):
-        dispatcher.shutdown(wait=True, cancel_futures=False)
+        if dispatcher.thread is current:
+            return  # a worker being started: it closes its inherited descriptors itself
+    for dispatcher in list(_live):
+        dispatcher.close_in_forked_child()
+    _live.clear()
 
 
 def shut_down_at_exit(dispatcher: Any) -> None:
-    """Remember a dispatcher whose thread just started; register the hook once."""
+    """Remember a dispatcher whose thread just started; register the hooks once."""
     global _registered
     _live.add(dispatcher)
     if _registered:
         return
     _registered = True
+    os.register_at_fork(after_in_child=_close_in_child)
     # threading's own exit hooks run before non-daemon threads are joined (the stdlib's
     # executors use them too), so a thread waiting for a result does not hold up the exit.
     register = getattr(threading, "_register_atexit", None)
@@ -45,3 +86,9 @@ def shut_down_at_exit(dispatcher: Any) -> None:
 
 def forget(dispatcher: Any) -> None:
     _live.discard(dispatcher)
+
+
+def forget_all() -> None:
+    """In a worker forked from the pool's process: the parent's pools are not ours (their
+    descriptors are closed already; the numbers may be reused)."""
+    _live.clear()

@@ -1,13 +1,19 @@
-"""The futures the pool returns, and the thread that runs their done-callbacks.
+"""The futures the pool returns, and the threads that run their done-callbacks.
 
 Owns: ``PoolFuture`` and one ``CallbackRunner`` per pool.
 Runs in: futures are touched by every thread; callbacks that a result, exception or
-cancellation set *on the dispatcher thread* would trigger run on the runner's thread.
-Guarantees: no done-callback ever runs on the dispatcher thread, so a callback that blocks
-or raises cannot delay other results or teardown. A callback that raises anything, even
-``SystemExit`` or ``KeyboardInterrupt``, is logged and the next one runs.
-Assumes: ``concurrent.futures.Future`` runs callbacks through ``_invoke_callbacks()``
-(true from 3.2 to 3.14; ``tests/test_futures.py`` pins it).
+cancellation set *on the dispatcher thread* would trigger run on the runner's threads.
+Guarantees:
+- no done-callback ever runs on the dispatcher thread, so a callback that blocks or raises
+  cannot delay results or teardown; a callback that blocks does not hold up the callbacks
+  of other futures either (the runner starts another thread while all of its threads are
+  busy, up to a limit); one that raises anything, even ``SystemExit`` or
+  ``KeyboardInterrupt``, is logged and the next one runs;
+- ``stop()`` is decided at once, under the future's own lock: if it returns True the future
+  ends cancelled, even if a result arrives before the worker is killed.
+Assumes: ``concurrent.futures.Future`` keeps its state in ``_state`` under ``_condition``,
+notifies ``_waiters`` and runs callbacks through ``_invoke_callbacks()`` (true from 3.2 to
+3.14; ``tests/test_futures.py`` pins it).
 """
 
 from __future__ import annotations
@@ -15,17 +21,78 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from concurrent.futures import Future
-from typing import Any
+import time
+from concurrent.futures import Future, _base
+from typing import Any, Callable, Generator
 
 logger = logging.getLogger("pool")
 
 # Set on the dispatcher thread only: the runner that takes its callbacks.
 _dispatcher_local = threading.local()
 
+# Callback threads a pool may have at once; beyond this, callbacks wait for a free one.
+MAX_CALLBACK_THREADS = 16
+
 
 class PoolFuture(Future[Any]):
-    """A ``concurrent.futures.Future`` whose callbacks never run on the dispatcher thread."""
+    """A ``concurrent.futures.Future`` whose callbacks never run on the dispatcher thread,
+    and which can stop its task even while it runs (:meth:`stop`). Awaiting it in a
+    coroutine works; cancelling that coroutine stops the task."""
+
+    _stop_hook: Callable[[], None] | None = None  # set by the pool: asks the dispatcher
+    _stop_requested = False
+
+    def stop(self) -> bool:
+        """Stop the task: cancel it if it has not started; if it is running, kill its
+        worker (the pool starts a new one) and end this future cancelled.
+
+        Returns False if the task had already finished, else True: the future then ends
+        cancelled (``cancelled()`` is True and ``result()`` raises ``CancelledError``), even
+        if the task happens to finish before its worker is killed.
+        """
+        while True:
+            with self._condition:
+                state = self._state
+                if state == _base.FINISHED:
+                    return False
+                if state in (_base.CANCELLED, _base.CANCELLED_AND_NOTIFIED):
+                    return True
+                if state == _base.RUNNING:
+                    self._stop_requested = True
+                    hook = self._stop_hook
+                    break
+            if self.cancel():  # PENDING: an ordinary cancel, unless it just started
+                return True
+        if hook is not None:
+            hook()
+        return True
+
+    def set_result(self, result: Any) -> None:
+        with self._condition:
+            if self._stop_requested:
+                self._end_cancelled()
+                return
+            super().set_result(result)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        with self._condition:
+            if self._stop_requested:
+                self._end_cancelled()
+                return
+            super().set_exception(exception)
+
+    def _end_cancelled(self) -> None:
+        """End cancelled whatever the state (running included), waking every waiter."""
+        with self._condition:
+            state = self._state
+            if state in (_base.FINISHED, _base.CANCELLED_AND_NOTIFIED):
+                return
+            self._state = _base.CANCELLED_AND_NOTIFIED
+            for waiter in self._waiters:
+                waiter.add_cancelled(self)
+            self._condition.notify_all()
+        if state != _base.CANCELLED:  # cancel() already ran the callbacks
+            self._invoke_callbacks()
 
     def _invoke_callbacks(self) -> None:
         runner: CallbackRunner | None = getattr(_dispatcher_local, "runner", None)
@@ -33,6 +100,14 @@ class PoolFuture(Future[Any]):
             _run_callbacks(self)  # a caller's thread (cancel()): run them here, as stdlib
         elif self._done_callbacks:  # type: ignore[attr-defined]
             runner.put(self)
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        import asyncio  # only coroutines pay for it
+        try:
+            return (yield from asyncio.wrap_future(self).__await__())
+        except asyncio.CancelledError:
+            self.stop()  # a queued task was cancelled by wrap_future; a running one stops
+            raise
 
 
 def _run_callbacks(future: Future[Any]) -> None:
@@ -44,34 +119,68 @@ def _run_callbacks(future: Future[Any]) -> None:
 
 
 class CallbackRunner:
-    """A daemon thread that runs the callbacks of futures resolved by the dispatcher."""
+    """Daemon threads that run the callbacks of futures resolved by the dispatcher.
+
+    One thread while callbacks are quick; another is started whenever every thread is busy
+    (a callback blocks), so one callback never holds up another future's.
+    """
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._queue: queue.SimpleQueue[Future[Any] | None] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._idle = 0      # threads waiting for a future
+        self._backlog = 0   # futures queued and not yet taken by a thread
+        self._warned = False
 
     def put(self, future: Future[Any]) -> None:
-        if self._thread is None:
-            # A daemon: a callback that never returns must not keep the interpreter alive.
-            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
-            self._thread.start()
-        self._queue.put(future)
+        with self._lock:
+            self._queue.put(future)
+            self._backlog += 1
+            if self._backlog <= self._idle:
+                return
+            if len(self._threads) >= MAX_CALLBACK_THREADS:
+                if not self._warned:
+                    self._warned = True
+                    logger.warning("%s: %d done-callbacks are blocked; later callbacks wait "
+                                   "for one of them to return", self._name, len(self._threads))
+                return
+            # Daemons: a callback that never returns must not keep the interpreter alive.
+            thread = threading.Thread(target=self._run, daemon=True,
+                                      name=f"{self._name}-{len(self._threads) + 1}")
+            self._threads.append(thread)
+            self._idle += 1
+            thread.start()
 
     def _run(self) -> None:
-        while (future := self._queue.get()) is not None:
+        while True:
+            future = self._queue.get()
+            with self._lock:
+                self._idle -= 1
+                if future is None:
+                    return
+                self._backlog -= 1
             _run_callbacks(future)
             del future
+            with self._lock:
+                self._idle += 1
 
     def close(self) -> None:
-        """Let the thread run the callbacks already queued, then exit (not joined here)."""
-        if self._thread is not None:
-            self._queue.put(None)
+        """Let the threads run the callbacks already queued, then exit (not joined here)."""
+        with self._lock:
+            for _ in self._threads:
+                self._queue.put(None)
 
-    def join(self) -> None:
-        """Wait until every queued callback has run (unless called from one of them)."""
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+    def join(self, timeout: float | None = None) -> list[threading.Thread]:
+        """Wait until every queued callback has run (unless called from one of them), or
+        ``timeout`` passes; returns the threads still running a callback."""
+        with self._lock:
+            threads = [t for t in self._threads if t is not threading.current_thread()]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return [t for t in threads if t.is_alive()]
 
 
 def install_on_dispatcher_thread(runner: CallbackRunner) -> None:

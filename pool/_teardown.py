@@ -33,6 +33,37 @@ def signal_worker(pid: int, signum: int) -> None:
             pass  # a setuid program in the group; the worker itself is still signalled
 
 
+def live_group_members(pgid: int) -> list[int]:
+    """Processes still running in process group ``pgid`` (zombies do not count).
+
+    Cheap when the group is empty, the usual case: one ``killpg(pgid, 0)``. Otherwise the
+    members are found in /proc (Linux); elsewhere the group is only known to be non-empty
+    and ``[pgid]`` stands for it. Call it after the group's leader was reaped: while any
+    member is left, the kernel keeps the id from being reused.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass  # a member we may not signal: still a member
+    if not os.path.isdir("/proc/self"):
+        return [pgid]
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2:].split()
+        if fields[0] != b"Z" and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
+
+
 def unread_bytes(fd: int) -> int:
     """Bytes written into a pipe that its reader has not taken (0 where unknown).
 

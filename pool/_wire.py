@@ -53,6 +53,7 @@ class Kind(enum.IntEnum):
     RAISED = 4        # body: encode_exception(...)
     UNSENDABLE = 5    # body: pickled (type name, reason): the return value did not pickle
     INIT_FAILED = 6   # body: encode_exception(...) of the initializer's exception
+    OVER_MEMORY = 7   # body: resident bytes, as u64; sent just before the reply it follows
 
 
 class MalformedFrame(Exception):

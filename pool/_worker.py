@@ -10,7 +10,12 @@ Guarantees:
 - every task gets exactly one reply frame, whatever it returns or raises, unless the
   process dies while running it;
 - when the parent dies, however it dies, the worker kills its process group (itself and
-  any processes its tasks started) within about half a second;
+  any processes its tasks started) at once: the lifeline pipe hangs up;
+- ``DUMP_SIGNAL`` (sent when a task overruns its timeout) makes it write the stack of every
+  thread into the crash-report file and then die of that signal, in C, without needing the
+  GIL: so the parent knows the stack is complete when it sees the exit;
+- with ``max_memory``, a worker whose resident memory is above it after a task says so
+  (``OVER_MEMORY``) before the reply, so the parent sends it nothing more;
 - end of file on the task pipe means "stop": the worker exits normally, so buffered
   output is flushed and atexit handlers run.
 Assumes: it is started by the dispatcher through ``multiprocessing`` with the descriptors
@@ -32,7 +37,7 @@ from typing import Any, Callable
 
 from multiprocessing import reduction
 
-from . import _wire
+from . import _exit, _wire
 from ._wire import Kind
 
 # The reply pipe of this worker and the id of the task it runs, for tests that must write
@@ -40,9 +45,9 @@ from ._wire import Kind
 _reply_fd: int | None = None
 _current_task_id = 0
 
-# How often the watchdog re-checks the parent pid, for the cases where the lifeline pipe
-# cannot tell (a descendant forked by someone else still holds its write end).
-_PARENT_POLL_SECONDS = 0.25
+# Sent by the parent when a task overruns its timeout. Not SIGUSR1: users commonly
+# register faulthandler on that one for their own dumps.
+DUMP_SIGNAL = signal.SIGUSR2
 
 
 class InheritedFd:
@@ -71,13 +76,15 @@ class WorkerSetup:
 
     def __init__(self, *, task_fd: InheritedFd, reply_fd: InheritedFd, lifeline_fd: InheritedFd,
                  crash_fd: InheritedFd, initializer: bytes | None,
-                 max_tasks: int | None, fds_to_close: tuple[int, ...]) -> None:
+                 max_tasks: int | None, max_memory: int | None,
+                 fds_to_close: tuple[int, ...]) -> None:
         self.task_fd = task_fd
         self.reply_fd = reply_fd
         self.lifeline_fd = lifeline_fd
         self.crash_fd = crash_fd
         self.initializer = initializer  # encode_call() of (initializer, initargs), or None
         self.max_tasks = max_tasks
+        self.max_memory = max_memory  # bytes of resident memory, or None
         self.fds_to_close = fds_to_close
 
 
@@ -89,6 +96,7 @@ def worker_main(setup: WorkerSetup) -> None:
             os.close(fd)
         except OSError:
             pass
+    _exit.forget_all()  # under fork, the parent's pools were copied into this process
     task_fd, reply_fd = setup.task_fd.fd, setup.reply_fd.fd
     _reply_fd = reply_fd
     _become_group_leader()
@@ -96,14 +104,18 @@ def worker_main(setup: WorkerSetup) -> None:
     # KeyboardInterrupt means, so workers neither die of it nor print a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     faulthandler.enable(file=setup.crash_fd.fd, all_threads=True)
+    # Dump every thread's stack, then chain to the default action (termination): the
+    # parent sees the exit only once the stack is written.
+    signal.signal(DUMP_SIGNAL, signal.SIG_DFL)
+    faulthandler.register(DUMP_SIGNAL, file=setup.crash_fd.fd, all_threads=True, chain=True)
     threading.Thread(target=_watch_parent, name="pool-worker-watchdog", daemon=True,
-                     args=(setup.lifeline_fd.fd, os.getppid())).start()
+                     args=(setup.lifeline_fd.fd,)).start()
 
     if setup.initializer is not None and not _run_initializer(setup.initializer, reply_fd):
         sys.exit(3)
     _wire.write_frame(reply_fd, Kind.READY, 0)
     try:
-        _serve(task_fd, reply_fd, setup.max_tasks)
+        _serve(task_fd, reply_fd, setup.max_tasks, setup.max_memory)
     except BrokenPipeError:
         pass  # the parent closed our reply pipe: it is gone or giving up on us
     finally:
@@ -118,20 +130,19 @@ def _become_group_leader() -> None:
         pass  # already a group or session leader (cannot happen under multiprocessing)
 
 
-def _watch_parent(lifeline_fd: int, first_ppid: int) -> None:
+def _watch_parent(lifeline_fd: int) -> None:
     """Kill this worker's process group as soon as the parent is gone.
 
-    The parent holds the only write end of the lifeline pipe, so the pipe reports a hang-up
-    the moment the parent dies, SIGKILL included. Being reparented is checked too: it
-    covers a write end leaked into some other descendant (a fork of the parent made outside
-    the pool). Under forkserver the first parent is the server, which exits with the pool's
-    process.
+    The parent holds the only write end of the lifeline pipe (it closes its copy in every
+    child it forks, see ``_exit``), so the pipe hangs up the moment the parent dies, SIGKILL
+    included. This thread sleeps in poll() until then: no periodic wake-ups.
     """
+    # The task's thread (the main one) should be the one that takes the dump signal.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {DUMP_SIGNAL})
     poller = select.poll()
     poller.register(lifeline_fd, 0)  # no events asked: only POLLHUP/POLLERR are reported
-    while True:
-        if poller.poll(_PARENT_POLL_SECONDS * 1000) or os.getppid() != first_ppid:
-            break
+    while not poller.poll():
+        pass
     try:
         os.killpg(os.getpgrp(), signal.SIGKILL)
     finally:
@@ -175,9 +186,10 @@ class _FunctionCache:
         return fn
 
 
-def _serve(task_fd: int, reply_fd: int, max_tasks: int | None) -> None:
+def _serve(task_fd: int, reply_fd: int, max_tasks: int | None, max_memory: int | None) -> None:
     global _current_task_id
     functions = _FunctionCache()
+    memory = _ResidentMemory() if max_memory is not None else None
     completed = 0
     while max_tasks is None or completed < max_tasks:
         frame = _wire.read_frame(task_fd)
@@ -186,8 +198,31 @@ def _serve(task_fd: int, reply_fd: int, max_tasks: int | None) -> None:
         assert frame.kind is Kind.CALL, frame.kind
         _current_task_id = frame.task_id
         kind, body = _run_call(functions, frame.body)
-        _wire.write_frame(reply_fd, kind, frame.task_id, body)
+        del frame
+        if memory is not None and max_memory is not None:
+            resident = memory.bytes()
+            if resident > max_memory:  # before the reply, so no further task is sent
+                _wire.write_frame(reply_fd, Kind.OVER_MEMORY, _current_task_id,
+                                  resident.to_bytes(8, "big"))
+        _wire.write_frame(reply_fd, kind, _current_task_id, body)
         completed += 1
+
+
+class _ResidentMemory:
+    """This process's resident set size, as cheaply as the platform allows."""
+
+    def __init__(self) -> None:
+        try:
+            self._statm: int | None = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:
+            self._statm = None  # not Linux: the peak, from getrusage
+
+    def bytes(self) -> int:
+        if self._statm is not None:
+            return int(os.pread(self._statm, 128, 0).split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        import resource
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024
 
 
 def _run_call(functions: _FunctionCache, body: bytes | bytearray) -> tuple[Kind, bytes]:

@@ -6,8 +6,10 @@ the process sentinel.
 Runs in: the dispatcher thread only.
 Guarantees: ``start`` leaves no descriptor open when starting fails; ``finish`` kills the
 worker's process group before reaping (while the unreaped leader still pins the group id),
-reaps it, reads its crash report and closes every descriptor, so nothing accumulates over
-any number of deaths.
+reaps it, reads its crash report, closes every descriptor (so nothing accumulates over any
+number of deaths) and says which members of its group are still running, if any;
+``abandon`` does the same for a process that could not be reaped, keeping only its
+``Process`` for one last try.
 Assumes: under ``fork`` the caller lists every other pool descriptor the child would
 inherit (``inherited_fds``), so that only the parent holds the lifeline's write end and the
 other workers' task pipes.
@@ -21,7 +23,7 @@ from typing import Any, NamedTuple
 
 from . import _teardown, _wire
 from ._wire import Frame, FrameReader, Kind
-from ._worker import InheritedFd, WorkerSetup, worker_main
+from ._worker import DUMP_SIGNAL, InheritedFd, WorkerSetup, worker_main
 
 # How long a worker whose sentinel fired may take to become reapable: the sentinel can
 # report the exit a moment before the kernel lets the process be reaped.
@@ -34,6 +36,7 @@ class Exit(NamedTuple):
     exitcode: int | None          # as Process.exitcode; None if it could not be reaped
     crash_report: str | None
     unread_task_bytes: int        # written to its task pipe, never read by it
+    group_left: tuple[int, ...] = ()  # processes of its group still running after its reap
 
 
 class WorkerHandle:
@@ -48,7 +51,8 @@ class WorkerHandle:
 
     @classmethod
     def start(cls, ctx: Any, name: str, *, lifeline_fd: int, initializer: bytes | None,
-              max_tasks: int | None, inherited_fds: tuple[int, ...] | None) -> WorkerHandle:
+              max_tasks: int | None, max_memory: int | None,
+              inherited_fds: tuple[int, ...] | None) -> WorkerHandle:
         """Start a worker process. ``inherited_fds`` is None unless the context forks."""
         task_r, task_w = os.pipe()
         reply_r, reply_w = os.pipe()
@@ -57,7 +61,7 @@ class WorkerHandle:
         setup = WorkerSetup(task_fd=InheritedFd(task_r), reply_fd=InheritedFd(reply_w),
                             lifeline_fd=InheritedFd(lifeline_fd), crash_fd=InheritedFd(crash_fd),
                             initializer=initializer, max_tasks=max_tasks,
-                            fds_to_close=to_close)
+                            max_memory=max_memory, fds_to_close=to_close)
         process = ctx.Process(target=worker_main, args=(setup,), name=name)
         try:
             process.start()
@@ -98,12 +102,32 @@ class WorkerHandle:
     def signal(self, signum: int) -> None:
         _teardown.signal_worker(self.pid, signum)
 
+    def dump_stack(self) -> None:
+        """Ask the worker alone (not its group) to write its stack and exit."""
+        try:
+            os.kill(self.pid, DUMP_SIGNAL)
+        except ProcessLookupError:
+            pass  # already gone: its sentinel will say so
+
     def finish(self, reap_timeout: float = _REAP_SECONDS) -> Exit:
         """After its sentinel fired (or after a SIGKILL): end its group, reap, release."""
         self.signal(signal.SIGKILL)
         exitcode = _teardown.reap(self.process, timeout=reap_timeout)
+        left = tuple(_teardown.live_group_members(self.pid)) if exitcode is not None else ()
+        return self._release(exitcode, left)
+
+    def abandon(self) -> Exit:
+        """Give up on a process that outlived SIGKILL's grace: release its descriptors but
+        its sentinel, and keep its ``Process`` so that ``reap_abandoned`` can try again."""
+        return self._release(None, ())
+
+    def reap_abandoned(self, timeout: float) -> bool:
+        """One more try at reaping an abandoned worker; True if it is gone now."""
+        return _teardown.reap(self.process, timeout=timeout) is not None
+
+    def _release(self, exitcode: int | None, group_left: tuple[int, ...]) -> Exit:
         unread = _teardown.unread_bytes(self.task_fd) if self.task_fd is not None else 0
         crash_report = _teardown.read_crash_report(self.crash_fd)
         self.close_task_pipe()
         _teardown.close_fds(self.reader.fd, self.crash_fd)
-        return Exit(self.pid, exitcode, crash_report, unread)
+        return Exit(self.pid, exitcode, crash_report, unread, group_left)

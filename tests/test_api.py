@@ -9,7 +9,8 @@ from concurrent.futures.process import BrokenProcessPool
 import pool
 from helpers import REPO_DIR
 
-PUBLIC = ["ProcessPool", "ProcessPoolExecutor", "WorkerDied", "InitializerError",
+PUBLIC = ["ProcessPool", "ProcessPoolExecutor", "PoolFuture", "WorkerDied", "TaskTimeout",
+          "WorkerTerminated", "InitializerError",
           "PoolInternalError", "WorkerProtocolError", "RemoteTaskError", "ResultTransferError",
           "ArgumentPicklingError", "TaskInfo"]
 
@@ -29,8 +30,9 @@ def test_all_is_pinned():
 
 def test_pool_errors_are_caught_by_stdlib_handlers():
     for error in (pool.WorkerDied, pool.InitializerError, pool.PoolInternalError,
-                  pool.WorkerProtocolError):
+                  pool.WorkerProtocolError, pool.WorkerTerminated):
         assert issubclass(error, BrokenProcessPool)
+    assert issubclass(pool.TaskTimeout, TimeoutError)
 
 
 def test_errors_pickle_with_their_message():
@@ -38,7 +40,9 @@ def test_errors_pickle_with_their_message():
     errors = [pool.WorkerDied(123, -11, info, "Fatal Python error: Segmentation fault"),
               pool.InitializerError("failed", "Traceback ..."),
               pool.RemoteTaskError("mod.E", "msg", "Traceback ...", "why"),
-              pool.ResultTransferError("Thing", "pickling in the worker", "TypeError: x")]
+              pool.ResultTransferError("Thing", "pickling in the worker", "TypeError: x"),
+              pool.TaskTimeout(2.5, 123, info, "Current thread 0x1 (most recent call first):"),
+              pool.WorkerTerminated(123, -15, info)]
     for error in errors:
         copy = pickle.loads(pickle.dumps(error))
         assert type(copy) is type(error) and str(copy) == str(error)
