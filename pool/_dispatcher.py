@@ -573,6 +573,7 @@ class Dispatcher:
         for worker in self._abandoned:  # one last try; a process stuck for good stays named
             if not worker.reap_abandoned(timeout=0.1):
                 logger.error("%s: worker pid %d was never confirmed gone", self.name, worker.pid)
+        self._abandoned.clear()
         assert self._wakeup is not None and self._lifeline is not None
         with self._lock:
             self._closing = True

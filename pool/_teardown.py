@@ -14,6 +14,7 @@ from __future__ import annotations
 import array
 import errno
 import fcntl
+import multiprocessing.process
 import os
 import tempfile
 import termios
@@ -132,6 +133,18 @@ def close_fds(*fds: int | None) -> None:
         except OSError as exc:
             if exc.errno != errno.EBADF:
                 raise
+
+
+def forget_process(process: Any) -> None:
+    """Let go of a process that could not be reaped (after reporting it by pid).
+
+    multiprocessing remembers every child it started and joins them all at interpreter
+    exit: a process stuck for good would hang that exit. Dropped from that set and from
+    our references, its ``Process`` is collected and its descriptors closed.
+    """
+    children = getattr(multiprocessing.process, "_children", None)
+    if isinstance(children, set):
+        children.discard(process)
 
 
 def reap(process: Any, timeout: float = 0.0) -> int | None:

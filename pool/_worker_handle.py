@@ -122,8 +122,13 @@ class WorkerHandle:
         return self._release(None, ())
 
     def reap_abandoned(self, timeout: float) -> bool:
-        """One more try at reaping an abandoned worker; True if it is gone now."""
-        return _teardown.reap(self.process, timeout=timeout) is not None
+        """One more try at reaping an abandoned worker; True if it is gone now. If not, the
+        pool lets go of it for good (see ``_teardown.forget_process``)."""
+        if _teardown.reap(self.process, timeout=timeout) is not None:
+            return True
+        _teardown.forget_process(self.process)
+        self.process = None
+        return False
 
     def _release(self, exitcode: int | None, group_left: tuple[int, ...]) -> Exit:
         unread = _teardown.unread_bytes(self.task_fd) if self.task_fd is not None else 0

@@ -298,3 +298,73 @@ def use_inner_pool(method, pid_dir=None, gate=None):
             return sorted(inner.map(square, range(5)))
         busy = [inner.submit(announce_then_wait, pid_dir, gate) for _ in range(2)]
         return [f.result() for f in busy]
+
+
+# --- lifecycle: timeouts, stopping, terminating, process trees ----------------------------
+
+def stuck_in_c_holding_the_gil(pid_dir=None):
+    """A regular expression that backtracks for hours; re never releases the GIL."""
+    import re
+    if pid_dir:
+        announce(pid_dir)
+    return re.match(r"(a+)+$", "a" * 48 + "b")
+
+
+def announce(pid_dir):
+    """Make this worker's pid known to the test (a file per pid, written atomically)."""
+    path = os.path.join(pid_dir, str(os.getpid()))
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(path + ".tmp", path)
+
+
+def start_subprocess_then_hang(pid_dir, ignore_sigterm=False):
+    """Start a grandchild (``sleep``) in this worker's process group, announce both pids
+    (the grandchild's in pid_dir/children), then hang."""
+    import subprocess
+    if ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child = subprocess.Popen(["sleep", "1000"])
+    os.makedirs(os.path.join(pid_dir, "children"), exist_ok=True)
+    with open(os.path.join(pid_dir, "children", str(child.pid)), "w") as f:
+        f.write(str(child.pid))
+    announce(pid_dir)
+    while True:
+        time.sleep(60)
+
+
+def ignore_sigterm_then_hang(pid_dir):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    announce(pid_dir)
+    while True:
+        time.sleep(60)
+
+
+def hang(pid_dir=None):
+    if pid_dir:
+        announce(pid_dir)
+    while True:
+        time.sleep(60)
+
+
+def allocate_and_keep(megabytes):
+    """Grow this worker's resident memory by ``megabytes`` and keep it; return the pid."""
+    global _kept
+    _kept = bytearray(megabytes * 1024 * 1024)
+    for i in range(0, len(_kept), 4096):
+        _kept[i] = 1
+    return os.getpid()
+
+
+_kept = None
+
+
+def start_subprocess_then_return(pid_dir):
+    """Leave a grandchild (``sleep``) running in this worker's group, and return."""
+    import subprocess
+    child = subprocess.Popen(["sleep", "1000"])
+    os.makedirs(os.path.join(pid_dir, "children"), exist_ok=True)
+    with open(os.path.join(pid_dir, "children", str(child.pid)), "w") as f:
+        f.write(str(child.pid))
+    announce(pid_dir)
+    return child.pid

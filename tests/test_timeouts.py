@@ -1,0 +1,128 @@
+"""Per-task timeouts and stopping a running task: the task ends, its worker and process
+group are gone, and the pool carries on."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import threading
+import time
+
+import pytest
+
+import pool
+import tasks
+from helpers import process_exists, wait_until
+
+
+@pytest.mark.isolated
+def test_a_task_stuck_in_c_holding_the_gil_times_out_with_its_stack(ctx, tmp_path):
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        future = p.schedule(tasks.stuck_in_c_holding_the_gil, (str(tmp_path),), timeout=0.5)
+        error = future.exception(60)
+        assert isinstance(error, pool.TaskTimeout) and isinstance(error, TimeoutError)
+        (pid,) = tasks.announced_pids(str(tmp_path))
+        assert error.pid == pid and error.timeout == 0.5 and error.task.task_id == 1
+        # The parent asked for the stack and got it: the frame it was stuck in, first.
+        assert "in stuck_in_c_holding_the_gil" in error.stack
+        assert "in match" in error.stack.splitlines()[1]
+        assert "pool-worker-watchdog" not in error.stack and "_watch_parent" not in error.stack
+        assert "ran longer than its timeout of 0.5 s" in str(error)
+        assert not process_exists(pid)  # reaped before the future failed
+        # The slot is refilled and the next task runs normally.
+        assert p.submit(tasks.pid_of_worker).result(60) != pid
+
+
+@pytest.mark.isolated
+def test_the_pool_wide_timeout_applies_to_submit_and_map_and_schedule_overrides_it(ctx):
+    with pool.ProcessPool(2, mp_context=ctx, task_timeout=0.3) as p:
+        assert isinstance(p.submit(tasks.sleep_then, 30).exception(60), pool.TaskTimeout)
+        with pytest.raises(pool.TaskTimeout):
+            list(p.map(tasks.sleep_then, [0, 30]))
+        assert p.schedule(tasks.sleep_then, (0.6, "no limit"), timeout=None).result(60) == "no limit"
+        assert p.schedule(tasks.sleep_then, (0.6,), {"value": "longer"},
+                          timeout=10).result(60) == "longer"
+        assert p.submit(tasks.square, 7).result(60) == 49
+
+
+@pytest.mark.isolated
+def test_a_timeout_counts_from_when_the_task_starts_running(ctx):
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        p.submit(tasks.square, 1).result(60)  # the worker is up
+        first = p.submit(tasks.sleep_then, 1.0, "first")
+        # Queued behind a 1 s task: its 0.6 s only start counting once it runs.
+        second = p.schedule(tasks.sleep_then, (0.1, "second"), timeout=0.6)
+        assert (first.result(60), second.result(60)) == ("first", "second")
+
+
+def test_timeouts_are_checked_at_the_call_site():
+    with pytest.raises(ValueError):
+        pool.ProcessPool(1, task_timeout=0)
+    with pytest.raises(TypeError):
+        pool.ProcessPool(1, task_timeout="1")
+    with pytest.raises(ValueError):
+        pool.ProcessPool(1, terminate_grace=float("nan"))
+    with pool.ProcessPool(1) as p:
+        with pytest.raises(ValueError):
+            p.schedule(tasks.square, (1,), timeout=-1)
+        with pytest.raises(TypeError):
+            p.schedule(tasks.square, (1,), timeout=True)
+
+
+@pytest.mark.isolated
+def test_stop_ends_a_running_task_cancelled_and_wakes_its_waiters(ctx, tmp_path):
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        running = p.submit(tasks.hang, str(tmp_path))
+        other = p.submit(tasks.sleep_then, 0.5, "other")
+        assert wait_until(lambda: tasks.announced_pids(str(tmp_path)), 60)
+        (pid,) = tasks.announced_pids(str(tmp_path))
+        assert running.cancel() is False  # cancel() keeps the stdlib's meaning
+        woken = []
+
+        def blocked_in_result():
+            try:
+                running.result()
+            except BaseException as exc:
+                woken.append(exc)
+
+        waiters = [threading.Thread(target=lambda: woken.append(cf.wait([running]))),
+                   threading.Thread(target=lambda: woken.append(list(cf.as_completed([running])))),
+                   threading.Thread(target=blocked_in_result)]
+        for thread in waiters:
+            thread.start()
+        assert running.stop() is True
+        for thread in waiters:
+            thread.join(30)
+        assert len(woken) == 3
+        assert running.cancelled()
+        assert any(isinstance(w, cf.CancelledError) for w in woken)
+        with pytest.raises(cf.CancelledError):
+            running.result(0)
+        assert not process_exists(pid)
+        assert other.result(60) == "other"  # the other worker's task was untouched
+        assert p.submit(tasks.pid_of_worker).result(60) != pid
+
+
+@pytest.mark.isolated
+def test_stop_cancels_a_queued_task_and_is_false_for_a_finished_one(ctx, tmp_path):
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        done = p.submit(tasks.square, 3)
+        assert done.result(60) == 9 and done.stop() is False and done.result() == 9
+        blocker = p.submit(tasks.hang, str(tmp_path))
+        queued = p.submit(tasks.square, 4)
+        ran = []
+        queued.add_done_callback(ran.append)
+        assert queued.stop() is True and queued.cancelled() and ran == [queued]
+        assert blocker.stop() is True
+        assert wait_until(blocker.cancelled, 30)
+        assert p.submit(tasks.square, 5).result(60) == 25
+
+
+@pytest.mark.isolated
+def test_a_stopped_task_ends_cancelled_even_if_it_finishes_first(ctx):
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        futures = [p.submit(tasks.sleep_then, 0.001 * (i % 3), i) for i in range(60)]
+        stopped = [f for f in futures[::3] if f.stop()]
+        for future in futures:
+            cf.wait([future], 60)
+        assert all(f.cancelled() for f in stopped)  # stop() returning True is a promise
+        assert all(f.result() == i for i, f in enumerate(futures) if f not in stopped)
