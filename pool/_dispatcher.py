@@ -62,7 +62,8 @@ from typing import Any, Callable, Iterator, Union
 from . import _exit, _state, _teardown, _wire
 from ._errors import (InitializerError, PoolInternalError, TaskInfo, TaskTimeout, WorkerDied,
                       WorkerProtocolError, WorkerTerminated, describe_exit)
-from ._futures import CallbackRunner, PoolFuture, install_on_dispatcher_thread
+from ._futures import (SIGNAL_CHECK_SECONDS, CallbackRunner, PoolFuture,
+                       install_on_dispatcher_thread)
 from ._state import StateMachine
 from ._wakeup import Wakeup
 from ._wire import Frame, Kind
@@ -149,6 +150,11 @@ class Dispatcher:
         self._released = False
         # Resolved once the loop has ended (at once if it never started): for awaiting.
         self.finished: Future[None] = Future()
+        # Set once the loop has released everything. Callers wait for this, never for the
+        # thread: on 3.11, a KeyboardInterrupt inside Thread.join() can leave a thread that
+        # still runs marked as stopped (the bpo-45274 handling), and a second join() would
+        # then return at once.
+        self._done = threading.Event()
         self.broken_error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._wakeup: Wakeup | None = None
@@ -211,6 +217,7 @@ class Dispatcher:
             self._closing = True
             if not started and not self.finished.done():
                 self.finished.set_result(None)
+                self._done.set()
         if started:
             assert self._wakeup is not None
             self._wakeup.wake()
@@ -224,7 +231,8 @@ class Dispatcher:
         second wait (interpreter exit does not wait forever for a blocked callback)."""
         if self._thread is None or self._thread is threading.current_thread():
             return
-        self._thread.join()
+        while not self._done.wait(SIGNAL_CHECK_SECONDS):  # a Ctrl-C is never missed
+            pass
         blocked = self._callbacks.join(callback_timeout)
         if blocked:
             logger.warning("%s: not waiting for %d done-callback(s) still running",
@@ -272,7 +280,12 @@ class Dispatcher:
         except BaseException as exc:  # the firewall: never a hang, never a silent death
             self._fail_everything(exc)
         finally:
-            self._release()
+            try:
+                self._release()
+            finally:  # even if releasing failed, nobody may wait for this loop forever
+                if not self.finished.done():
+                    self.finished.set_result(None)
+                self._done.set()
 
     def _turn(self) -> None:
         if self._injected_fault is not None:
@@ -582,7 +595,6 @@ class Dispatcher:
         _teardown.close_fds(*self._lifeline)
         self._callbacks.close()
         _exit.forget(self)
-        self.finished.set_result(None)
 
 
 def _resolve(future: PoolFuture, result: Any, exception: BaseException | None) -> None:

@@ -33,6 +33,20 @@ _dispatcher_local = threading.local()
 # Callback threads a pool may have at once; beyond this, callbacks wait for a free one.
 MAX_CALLBACK_THREADS = 16
 
+# A thread blocked on a lock without a timeout can miss a Ctrl-C for good: if SIGINT lands
+# after the interpreter's last check for pending signals and before the thread sleeps, the
+# signal is consumed and nothing wakes the thread to raise KeyboardInterrupt (seen here in
+# about one run in five when the signal follows the call closely). Waits that may block
+# for long therefore wake up this often to let a pending KeyboardInterrupt be raised.
+SIGNAL_CHECK_SECONDS = 0.25
+
+
+def join_interruptibly(thread: threading.Thread) -> None:
+    """``thread.join()`` that a Ctrl-C always interrupts (see SIGNAL_CHECK_SECONDS). After
+    a KeyboardInterrupt, do not trust it again: 3.11 may then mark the thread stopped."""
+    while thread.is_alive():
+        thread.join(SIGNAL_CHECK_SECONDS)
+
 
 class PoolFuture(Future[Any]):
     """A ``concurrent.futures.Future`` whose callbacks never run on the dispatcher thread,
@@ -66,6 +80,23 @@ class PoolFuture(Future[Any]):
         if hook is not None:
             hook()
         return True
+
+    def result(self, timeout: float | None = None) -> Any:
+        if timeout is None:
+            self._wait_interruptibly()
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if timeout is None:
+            self._wait_interruptibly()
+        return super().exception(timeout)
+
+    def _wait_interruptibly(self) -> None:
+        # Waits in slices, so that a Ctrl-C is never missed (see SIGNAL_CHECK_SECONDS).
+        with self._condition:
+            while self._state not in (_base.CANCELLED, _base.CANCELLED_AND_NOTIFIED,
+                                      _base.FINISHED):
+                self._condition.wait(SIGNAL_CHECK_SECONDS)
 
     def set_result(self, result: Any) -> None:
         with self._condition:
@@ -179,7 +210,10 @@ class CallbackRunner:
             threads = [t for t in self._threads if t is not threading.current_thread()]
         deadline = None if timeout is None else time.monotonic() + timeout
         for thread in threads:
-            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if deadline is None:
+                join_interruptibly(thread)
+            else:
+                thread.join(max(0.0, deadline - time.monotonic()))
         return [t for t in threads if t.is_alive()]
 
 

@@ -107,3 +107,81 @@ def run_script(body: str, method: str, tmp_path: Path, *, timeout: float = 90,
                if line.startswith("REPORT ")]
     facts = json.loads(reports[-1]) if reports else {}
     return facts, proc
+
+
+class Scenario:
+    """A scenario script running in its own session (so its process group can be signalled
+    as a terminal would), read line by line; always killed with its group on close."""
+
+    def __init__(self, body: str, method: str, tmp_path: Path) -> None:
+        script = tmp_path / "scenario.py"
+        guarded = "\nif __name__ == '__main__':\n" + textwrap.indent(textwrap.dedent(body), "    ")
+        script.write_text(PRELUDE.format(tests=str(TESTS_DIR)) + guarded)
+        env = dict(os.environ, POOL_TEST_START_METHOD=method, PYTHONFAULTHANDLER="1")
+        self.proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env, bufsize=0,
+                                     cwd=str(tmp_path), start_new_session=True)
+        self.lines: list[str] = []
+        self._pending = ""
+
+    def read_until(self, prefix: str, timeout: float = 60) -> str:
+        """The first stdout line starting with ``prefix`` (without it)."""
+        import select
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while True:
+            while "\n" in self._pending:
+                line, self._pending = self._pending.split("\n", 1)
+                self.lines.append(line)
+                if line.startswith(prefix):
+                    return line[len(prefix):].strip()
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                break
+            chunk = os.read(fd, 65536)  # the raw pipe: nothing hides in a Python buffer
+            if not chunk:
+                break
+            self._pending += chunk.decode()
+        raise AssertionError(f"no {prefix!r} line; got {self.lines}\n{self.stderr()}")
+
+    def stderr(self) -> str:
+        if self.proc.poll() is None or self.proc.stderr is None:
+            return ""
+        return self.proc.stderr.read()
+
+    def signal_group(self, signum: int) -> float:
+        """Send ``signum`` to the scenario's whole process group; returns the send time."""
+        sent = time.monotonic()
+        os.killpg(self.proc.pid, signum)
+        return sent
+
+    def wait(self, timeout: float = 30) -> tuple[int, float, str, str]:
+        """Exit code, the time it exited (monotonic), the rest of stdout, and stderr."""
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, time.monotonic(), self._pending + out, err
+
+    def close(self) -> None:
+        try:
+            os.killpg(self.proc.pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.kill()
+        self.proc.communicate()
+
+
+def group_members(pgid: int) -> set[int]:
+    """Live (non-zombie) processes of process group ``pgid``."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.add(int(entry))
+    return found
