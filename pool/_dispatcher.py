@@ -53,17 +53,16 @@ import queue
 import signal
 import threading
 import time
-import traceback
 from concurrent.futures import Future
-from dataclasses import dataclass
 from multiprocessing.connection import wait
-from typing import Any, Callable, Iterator, Union
+from typing import Any, Callable, Iterator
 
 from . import _exit, _state, _teardown, _wire
-from ._errors import (InitializerError, PoolInternalError, TaskInfo, TaskTimeout, WorkerDied,
-                      WorkerProtocolError, WorkerTerminated, describe_exit)
+from ._commands import Command, Shutdown, StopTask, Submit, TaskRecord, Terminate
+from ._errors import PoolInternalError, TaskInfo, WorkerProtocolError, describe_exit
 from ._futures import (SIGNAL_CHECK_SECONDS, CallbackRunner, PoolFuture,
                        install_on_dispatcher_thread)
+from ._outcomes import StartFailures, failure, format_error, fresh, resolve
 from ._state import StateMachine
 from ._wakeup import Wakeup
 from ._wire import Frame, Kind
@@ -77,40 +76,6 @@ _dispatcher_numbers = itertools.count(1)
 # the dispatcher block on the write (a pipe holds 64 KiB on Linux).
 PIPELINE_MAX_BYTES = 16 * 1024
 
-
-@dataclass(eq=False)
-class TaskRecord:
-    """A submitted task as the dispatcher tracks it."""
-
-    info: TaskInfo
-    future: PoolFuture
-    body: bytes              # the CALL frame's body
-    timeout: float | None    # seconds it may run, from the moment it starts
-    marked_running: bool = False
-    outcome: tuple[bool, Any] | None = None
-
-
-@dataclass(frozen=True)
-class Submit:
-    record: TaskRecord
-
-
-@dataclass(frozen=True)
-class Shutdown:
-    cancel_futures: bool
-
-
-@dataclass(frozen=True)
-class StopTask:
-    task_id: int
-
-
-@dataclass(frozen=True)
-class Terminate:
-    signum: int  # SIGTERM (terminate_workers) or SIGKILL (kill_workers)
-
-
-Command = Union[Submit, Shutdown, StopTask, Terminate]
 
 # While a worker's process group still has running members after the worker's exit, the
 # loop re-checks it this often (only then: an idle pool never wakes up on its own).
@@ -136,8 +101,7 @@ class Dispatcher:
         self._workers: dict[int, WorkerHandle] = {}  # slot index -> live worker
         self._abandoned: list[WorkerHandle] = []     # survived SIGKILL's grace; reported
         self._lingering: dict[int, float] = {}       # process group -> when to give up on it
-        self._last_start_failure: str = ""
-        self._last_start_cause: BaseException | None = None
+        self._start_failures = StartFailures(self.name)
         self._callbacks = CallbackRunner(f"{self.name}-callbacks")
         self._injected_fault: BaseException | None = None  # tests: make the loop fail
         # Shared with caller threads: guarded by _lock (never taken by the loop itself
@@ -170,7 +134,7 @@ class Dispatcher:
             raise RuntimeError(f"this pool belongs to process {self._owner_pid}; a forked "
                                f"child ({os.getpid()}) cannot use it")
         if self.broken_error is not None:
-            raise _fresh(self.broken_error)
+            raise fresh(self.broken_error)
         if self._closing:
             raise RuntimeError("cannot schedule new futures after shutdown")
         if _exit.interpreter_exiting:
@@ -418,7 +382,7 @@ class Dispatcher:
         running = self._machine.slots[slot].in_flight
         state = self._machine.slots[slot].state
         if state is _state.SlotState.STARTING:
-            self._note_start_failure(worker, ended)
+            self._start_failures.worker_ended(worker.start_error, ended)
         elif not running and state is not _state.SlotState.STOPPING:
             logger.warning("%s: idle worker pid %d died (%s); replacing it", self.name,
                            ended.pid, describe_exit(ended.exitcode))
@@ -439,20 +403,6 @@ class Dispatcher:
             later_frames += _wire.HEADER.size + len(self._tasks[task_id].body)
         return count
 
-    def _note_start_failure(self, worker: WorkerHandle, ended: Exit) -> None:
-        cause = worker.start_error
-        if cause is not None:
-            text = getattr(cause, "remote_traceback", None) or "".join(
-                traceback.format_exception(cause))
-            self._last_start_failure = f"the initializer raised:\n{text.rstrip()}"
-        else:
-            self._last_start_failure = (f"worker pid {ended.pid} ended while starting "
-                                        f"({describe_exit(ended.exitcode)})")
-            if ended.crash_report:
-                self._last_start_failure += f"\nCrash report:\n{ended.crash_report}"
-        self._last_start_cause = cause
-        logger.warning("%s: worker failed to start: %s", self.name, self._last_start_failure)
-
     # -- actions -------------------------------------------------------------------------------
 
     def _perform(self, actions: list[_state.Action], death: Exit | None = None) -> None:
@@ -465,7 +415,7 @@ class Dispatcher:
                                    _state.FailTerminated)):
                 assert death is not None
                 record = self._tasks.pop(action.task_id)
-                _resolve(record.future, None, _failure(action, death, record.info))
+                resolve(record.future, None, failure(action, death, record.info))
             else:
                 work += self._perform_one(action)
 
@@ -476,16 +426,16 @@ class Dispatcher:
             record = self._tasks.pop(action.task_id)
             assert record.outcome is not None
             ok, value = record.outcome
-            _resolve(record.future, value if ok else None, None if ok else value)
+            resolve(record.future, value if ok else None, None if ok else value)
         elif isinstance(action, _state.FailMisbehaved):
             record = self._tasks.pop(action.task_id)
             pid = self._workers[action.slot].pid
-            _resolve(record.future, None, WorkerProtocolError(
+            resolve(record.future, None, WorkerProtocolError(
                 f"worker pid {pid} sent bytes that are not a reply while running "
                 f"{record.info.describe()}: {self._workers[action.slot].reader.error}"))
         elif isinstance(action, _state.FailBroken):
             record = self._tasks.pop(action.task_id)
-            _resolve(record.future, None, self._initializer_error())
+            resolve(record.future, None, self._start_failures.error(_state.MAX_START_FAILURES))
         elif isinstance(action, _state.Cancel):
             self._tasks.pop(action.task_id).future.cancel()
         elif isinstance(action, _state.Stopped):
@@ -502,7 +452,7 @@ class Dispatcher:
             self._abandon(action.slot)
         elif isinstance(action, _state.Broken):
             with self._lock:
-                self.broken_error = self._initializer_error()
+                self.broken_error = self._start_failures.error(_state.MAX_START_FAILURES)
         else:
             raise AssertionError(f"unknown action {action!r}")
         return []
@@ -543,35 +493,26 @@ class Dispatcher:
                 initializer=self._initializer, max_tasks=self._max_tasks,
                 max_memory=self._max_memory, inherited_fds=inherited)
         except Exception as exc:
-            self._last_start_failure = f"starting the process failed: {_format(exc)}"
-            self._last_start_cause = exc
-            logger.warning("%s: %s", self.name, self._last_start_failure)
+            self._start_failures.spawn_raised(exc)
             return self._machine.spawn_failed(slot)
         return []
 
     def _wakeup_fds(self) -> tuple[int, ...]:
         return self._wakeup.fds if self._wakeup is not None else ()
 
-    def _initializer_error(self) -> InitializerError:
-        error = InitializerError(
-            f"workers failed to start {_state.MAX_START_FAILURES} times in a row; the pool "
-            f"stopped starting them. Last failure: {self._last_start_failure}")
-        error.__cause__ = self._last_start_cause
-        return error
-
     # -- failure and release ------------------------------------------------------------------
 
     def _fail_everything(self, cause: BaseException) -> None:
         logger.critical("%s: internal error; failing every pending task", self.name,
                         exc_info=cause)
-        error = PoolInternalError(f"the pool's dispatcher failed: {_format(cause)}")
+        error = PoolInternalError(f"the pool's dispatcher failed: {format_error(cause)}")
         error.__cause__ = cause
         with self._lock:
             self.broken_error = error
         pending = list(self._tasks.values())
         pending += [c.record for c in self._take_commands() if isinstance(c, Submit)]
         for record in pending:
-            _resolve(record.future, None, _fresh(error))
+            resolve(record.future, None, fresh(error))
         self._tasks.clear()
         for worker in self._workers.values():
             worker.signal(signal.SIGKILL)
@@ -595,36 +536,3 @@ class Dispatcher:
         _teardown.close_fds(*self._lifeline)
         self._callbacks.close()
         _exit.forget(self)
-
-
-def _resolve(future: PoolFuture, result: Any, exception: BaseException | None) -> None:
-    try:
-        if exception is None:
-            future.set_result(result)
-        else:
-            future.set_exception(exception)
-    except Exception:  # InvalidStateError: the caller cancelled it while it was queued
-        pass
-
-
-def _failure(action: _state.FailDied | _state.FailTimedOut | _state.FailTerminated,
-             death: Exit, info: TaskInfo) -> BaseException:
-    """The error for a task whose worker ended while running it."""
-    if isinstance(action, _state.FailTimedOut):
-        return TaskTimeout(action.timeout, death.pid, info, death.crash_report)
-    if isinstance(action, _state.FailTerminated):
-        return WorkerTerminated(death.pid, death.exitcode, info)
-    return WorkerDied(death.pid, death.exitcode, info, death.crash_report)
-
-
-def _fresh(error: BaseException) -> BaseException:
-    """A new instance to raise in one more thread, keeping the message and the cause."""
-    copy = type(error).__new__(type(error))
-    copy.__dict__.update(getattr(error, "__dict__", {}))
-    copy.args = error.args
-    copy.__cause__ = error.__cause__
-    return copy
-
-
-def _format(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"

@@ -1,0 +1,50 @@
+"""What caller threads hand the dispatcher: task records and the commands that carry them.
+
+Owns: nothing but these value types. Created in callers' threads, consumed in the
+dispatcher thread (through its command queue).
+Guarantees: a ``TaskRecord`` is the only place a submitted task's future, encoded call and
+outcome live; the dispatcher pops it when the task ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Union
+
+from ._errors import TaskInfo
+from ._futures import PoolFuture
+
+
+@dataclass(eq=False)
+class TaskRecord:
+    """A submitted task as the dispatcher tracks it."""
+
+    info: TaskInfo
+    future: PoolFuture
+    body: bytes              # the CALL frame's body
+    timeout: float | None    # seconds it may run, from the moment it starts
+    marked_running: bool = False
+    outcome: tuple[bool, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Submit:
+    record: TaskRecord
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    cancel_futures: bool
+
+
+@dataclass(frozen=True)
+class StopTask:
+    task_id: int
+
+
+@dataclass(frozen=True)
+class Terminate:
+    signum: int  # SIGTERM (terminate_workers) or SIGKILL (kill_workers)
+
+
+Command = Union[Submit, Shutdown, StopTask, Terminate]

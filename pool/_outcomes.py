@@ -1,0 +1,92 @@
+"""How a task's future ends, and the errors the pool builds for it.
+
+Owns: the functions that resolve futures and build ``WorkerDied``, ``TaskTimeout``,
+``WorkerTerminated`` and ``InitializerError``, and the record of why workers failed to start.
+Runs in: the dispatcher thread (and callers' threads for ``fresh``).
+Guarantees: resolving never raises (a future the caller cancelled meanwhile is left as it
+is); no user code runs here: messages that show user objects are built lazily by the
+exceptions themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Any
+
+from . import _actions
+from ._errors import (InitializerError, TaskInfo, TaskTimeout, WorkerDied, WorkerTerminated,
+                      describe_exit)
+from ._futures import PoolFuture
+from ._worker_handle import Exit
+
+logger = logging.getLogger("pool")
+
+
+class StartFailures:
+    """Why the last worker failed to start, for the error the waiting tasks get."""
+
+    def __init__(self, pool_name: str) -> None:
+        self._pool_name = pool_name
+        self._last = ""
+        self._cause: BaseException | None = None
+
+    def worker_ended(self, start_error: BaseException | None, ended: Exit) -> None:
+        """A worker ended before it was ready (``start_error``: what its initializer raised)."""
+        if start_error is not None:
+            text = getattr(start_error, "remote_traceback", None) or "".join(
+                traceback.format_exception(start_error))
+            self._last = f"the initializer raised:\n{text.rstrip()}"
+        else:
+            self._last = (f"worker pid {ended.pid} ended while starting "
+                          f"({describe_exit(ended.exitcode)})")
+            if ended.crash_report:
+                self._last += f"\nCrash report:\n{ended.crash_report}"
+        self._cause = start_error
+        logger.warning("%s: worker failed to start: %s", self._pool_name, self._last)
+
+    def spawn_raised(self, exc: BaseException) -> None:
+        self._last = f"starting the process failed: {format_error(exc)}"
+        self._cause = exc
+        logger.warning("%s: %s", self._pool_name, self._last)
+
+    def error(self, limit: int) -> InitializerError:
+        error = InitializerError(
+            f"workers failed to start {limit} times in a row; the pool stopped starting "
+            f"them. Last failure: {self._last}")
+        error.__cause__ = self._cause
+        return error
+
+
+def resolve(future: PoolFuture, result: Any, exception: BaseException | None) -> None:
+    """Set the outcome (a stopped future ends cancelled instead: ``PoolFuture``)."""
+    try:
+        if exception is None:
+            future.set_result(result)
+        else:
+            future.set_exception(exception)
+    except Exception:  # InvalidStateError: the caller cancelled it while it was queued
+        pass
+
+
+def failure(action: _actions.FailDied | _actions.FailTimedOut | _actions.FailTerminated,
+            death: Exit, info: TaskInfo) -> BaseException:
+    """The error for a task whose worker ended while running it."""
+    if isinstance(action, _actions.FailTimedOut):
+        return TaskTimeout(action.timeout, death.pid, info, death.crash_report)
+    if isinstance(action, _actions.FailTerminated):
+        return WorkerTerminated(death.pid, death.exitcode, info)
+    return WorkerDied(death.pid, death.exitcode, info, death.crash_report)
+
+
+def fresh(error: BaseException) -> BaseException:
+    """A new instance to raise in one more thread, keeping the message and the cause."""
+    copy = type(error).__new__(type(error))
+    copy.__dict__.update(getattr(error, "__dict__", {}))
+    copy.args = error.args
+    copy.__cause__ = error.__cause__
+    return copy
+
+
+def format_error(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
