@@ -17,7 +17,7 @@ def run(*args, stdin=None, timeout=120):
 
 
 @pytest.mark.parametrize("method", START_METHODS)
-def test_demo_explains_both_deaths_and_the_rest_succeeds(method):
+def test_demo_explains_both_deaths_and_the_timeout_and_the_rest_succeeds(method):
     proc = run("demo", "--start-method", method)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -25,6 +25,7 @@ def test_demo_explains_both_deaths_and_the_rest_succeeds(method):
     assert "signal SIGSEGV" in out and "Fatal Python error: Segmentation fault" in out
     assert "in segfault" in out
     assert "signal SIGKILL" in out and "killed from outside" in out
+    assert "TaskTimeout" in out and "in catastrophic_regex" in out
     assert "the pool carried on" in out
 
 
