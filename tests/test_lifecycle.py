@@ -151,11 +151,14 @@ def test_callbacks_never_run_on_the_dispatcher_thread(ctx, caplog):
                                              release.wait(30)))
         raising = p.submit(tasks.square, 2)
         raising.add_done_callback(lambda f: (_ for _ in ()).throw(SystemExit("from callback")))
+        raising.add_done_callback(lambda f: (_ for _ in ()).throw(KeyboardInterrupt()))
+        raising.add_done_callback(lambda f: seen.append("after the raising ones"))
         # The first callback is blocked; results keep coming regardless.
         assert [p.submit(tasks.square, i).result(30) for i in range(5)] == [0, 1, 4, 9, 16]
         release.set()
-    assert seen and all(t is not dispatcher for t in seen)
-    assert wait_until(lambda: any("raised" in r.getMessage() for r in caplog.records))
+    assert "after the raising ones" in seen
+    assert all(t is not dispatcher for t in seen if isinstance(t, threading.Thread))
+    assert wait_until(lambda: sum("raised" in r.getMessage() for r in caplog.records) == 2)
 
 
 def test_every_callback_has_run_when_shutdown_returns(ctx):

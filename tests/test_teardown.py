@@ -7,6 +7,7 @@ import concurrent.futures as cf
 import logging
 import os
 import signal
+import threading
 
 import pytest
 
@@ -29,7 +30,12 @@ def test_ending_the_workers_fails_running_tasks_cancels_queued_and_reaps_groups(
     queued = [p.submit(tasks.square, i) for i in range(3)]
     assert wait_until(lambda: len(tasks.announced_pids(pid_dir)) == 2, 60)
     workers, children = tasks.announced_pids(pid_dir), grandchildren(pid_dir)
+    woken = []
+    blocked = threading.Thread(target=lambda: woken.append(running[0].exception()))
+    blocked.start()  # a thread waiting in result() wakes up with the error
     getattr(p, how)()
+    blocked.join(30)
+    assert len(woken) == 1 and isinstance(woken[0], pool.WorkerTerminated)
     # Returned only once every worker and every member of its group is gone.
     assert not any(process_exists(pid) for pid in workers | children)
     for future in running:
