@@ -15,6 +15,8 @@
  (own threads)                                      TaskTimeout, WorkerTerminated)
                                    fire_deadlines  (task timeouts → DumpStack;    DUMP_SIGNAL:
                                                     escalation; lingering groups)  stack → exit
+                                   flush_sends     (WorkerHandle.flush: one
+                                                    writev per worker per turn)
                                    _perform(actions of the StateMachine:        _watch_parent:
                                      Spawn, Send, Resolve, Fail*, Stopped,        lifeline hang-up
                                      Stop, Signal, DumpStack, Unreaped)           → killpg, exit
@@ -72,9 +74,16 @@ logger = logging.getLogger("pool")
 
 _dispatcher_numbers = itertools.count(1)
 
-# Frames this small can wait in a worker's pipe behind a running task without ever making
-# the dispatcher block on the write (a pipe holds 64 KiB on Linux).
-PIPELINE_MAX_BYTES = 16 * 1024
+# Small tasks in flight per worker (see _state.SHORT_TASK_SECONDS for when more than one):
+# with more, a worker finds its next task in its pipe instead of waiting for a round trip
+# (measured: 17k -> 25k no-op tasks/s at 8). Off (1) until workers can hand back tasks they
+# have not started: a task queued behind one that hangs cannot move to an idle worker,
+# so it would wait as long as the hung one (the crash table's partial-frame row showed it).
+PIPELINE_DEPTH = 1
+# Frames this small can wait in a worker's pipe behind a running task: the most that can
+# wait, (PIPELINE_DEPTH - 1) of them, stays well under a pipe's 64 KiB (Linux), so writing
+# them never blocks the dispatcher while the worker is busy.
+PIPELINE_MAX_BYTES = 4 * 1024
 
 
 # While a worker's process group still has running members after the worker's exit, the
@@ -85,7 +94,8 @@ _LINGERING_POLL_SECONDS = 0.01
 class Dispatcher:
     def __init__(self, *, max_workers: int, mp_context: Any, initializer: bytes | None,
                  max_tasks_per_child: int | None, max_memory_per_child: int | None = None,
-                 pipeline_depth: int = 1, timeouts: _state.Timeouts = _state.Timeouts()
+                 pipeline_depth: int = PIPELINE_DEPTH,
+                 timeouts: _state.Timeouts = _state.Timeouts()
                  ) -> None:
         self.name = f"pool-dispatcher-{next(_dispatcher_numbers)}"
         self._ctx = mp_context
@@ -263,6 +273,7 @@ class Dispatcher:
         self.deliver_replies(ready)
         self.handle_exits(ready)
         self.fire_deadlines()
+        self.flush_sends()
 
     def _watched(self) -> list[int]:
         assert self._wakeup is not None
@@ -474,12 +485,18 @@ class Dispatcher:
                 self._tasks.pop(record.info.task_id)
                 return self._machine.task_cancelled(slot, record.info.task_id)
             record.marked_running = True
-        try:
-            self._workers[slot].send(record.info.task_id, record.body)
-        except BrokenPipeError:
-            # It died before reading: the task never started; its sentinel follows.
-            return self._machine.send_failed(slot, record.info.task_id)
+        self._workers[slot].send(record.info.task_id, record.body)  # written by flush_sends
         return []
+
+    def flush_sends(self) -> None:
+        """Write every frame queued this turn, one system call per worker where possible
+        (so replies read in one batch are answered in one batch)."""
+        while pending := [(slot, w) for slot, w in self._workers.items() if w.outbox]:
+            for slot, worker in pending:
+                # Not written: the worker died before reading them, so they never started;
+                # its sentinel follows. Requeued last-first, so that they keep their order.
+                for task_id in reversed(worker.flush()):
+                    self._perform(self._machine.send_failed(slot, task_id))
 
     def _spawn(self, slot: int) -> list[_state.Action]:
         assert self._lifeline is not None

@@ -100,6 +100,7 @@ class Task:
     timeout: float | None = None
     state: TaskState = TaskState.QUEUED
     deadline: float | None = None   # set when it starts RUNNING, if it has a timeout
+    started: float | None = None    # when it started RUNNING (as the parent saw it)
     stop_requested: bool = False    # stop it as soon as it starts running
 
 
@@ -110,6 +111,7 @@ class Slot:
     in_flight: deque[int] = field(default_factory=deque)  # task ids, in send order
     assigned_count: int = 0                                # tasks sent to this process
     over_memory: bool = False       # retiring because its worker reported too much memory
+    last_duration: float | None = None  # how long its worker's last task ran
     escalation: Escalation | None = None
     deadline: float | None = None
     ending: Ending | None = None    # set while the pool ends it with a task running

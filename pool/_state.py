@@ -39,6 +39,12 @@ __all__ = [
     "DumpStack", "Broken", "Unreaped", "Action", "MAX_START_FAILURES",
 ]
 
+# Small tasks are queued behind the running one on a worker (so that it never waits for the
+# round trip) only while that worker's last task ran shorter than this: a task queued in a
+# pipe cannot move to another worker, so it must not wait behind a long one. A sudden long
+# task can still hold up to ``pipeline_depth - 1`` small ones: the price of the speed-up.
+SHORT_TASK_SECONDS = 0.001
+
 # A worker that dies before READY this many times in a row, with no task completed in
 # between, means the initializer (or the worker's start-up) is broken: stop respawning.
 MAX_START_FAILURES = 3
@@ -103,11 +109,12 @@ class StateMachine:
         if new is not SlotState.STOPPING:
             slot.escalation = slot.deadline = slot.ending = None
         if new is SlotState.EMPTY:
-            slot.assigned_count, slot.over_memory = 0, False
+            slot.assigned_count, slot.over_memory, slot.last_duration = 0, False, None
 
     def _start_running(self, slot: Slot, task: Task) -> list[Action]:
         """``task`` is now the one its worker runs: start its clock (or stop it at once)."""
         self._move_task(task, TaskState.RUNNING)
+        task.started = self._clock()
         if task.stop_requested:
             return self._stop_running(slot)
         if task.timeout is not None:
@@ -152,7 +159,10 @@ class StateMachine:
             raise InvalidTransition(
                 f"slot {index} replied for task {task_id}, running {list(slot.in_flight)[:1]}")
         slot.in_flight.popleft()
-        self._move_task(self._tasks[task_id], TaskState.DONE)
+        task = self._tasks[task_id]
+        if task.started is not None:
+            slot.last_duration = self._clock() - task.started
+        self._move_task(task, TaskState.DONE)
         self.start_failures = 0
         actions: list[Action] = [Resolve(task_id)]
         if slot.ending in (Ending.TIMED_OUT, Ending.STOPPED):
@@ -355,7 +365,7 @@ class StateMachine:
 
     def _schedule(self) -> list[Action]:
         """Assign queued tasks, start or refill workers, stop idle ones when draining."""
-        actions = self._assign()
+        actions = self._assign() if self._queue else []
         actions += self._spawn()
         actions += self._stop_idle()
         return actions
@@ -379,28 +389,38 @@ class StateMachine:
         return actions
 
     def _pick_slot(self, pipelinable: bool) -> Slot | None:
-        ready = [s for s in self.slots if s.state is SlotState.READY]
-        idle = [s for s in ready if not s.in_flight]
-        if idle:
-            return idle[0]
-        if not pipelinable:
-            return None
-        open_ = [s for s in ready if len(s.in_flight) < self._depth]
-        return min(open_, key=lambda s: len(s.in_flight), default=None)
+        """An idle READY slot, else (for a small task) the READY slot with the fewest tasks
+        in flight, below the pipeline depth, whose last task was short. (One pass: this runs
+        for every task.)"""
+        best: Slot | None = None
+        for slot in self.slots:
+            if slot.state is not SlotState.READY:
+                continue
+            if not slot.in_flight:
+                return slot
+            if (pipelinable and len(slot.in_flight) < self._depth
+                    and slot.last_duration is not None
+                    and slot.last_duration < SHORT_TASK_SECONDS
+                    and (best is None or len(slot.in_flight) < len(best.in_flight))):
+                best = slot
+        return best
 
     def _spawn(self) -> list[Action]:
         if self.broken or self.terminating:
             return []
         actions: list[Action] = []
-        if self.phase is Phase.OPEN:
-            # Refill: a slot that ran a worker gets a new one, work or not.
-            for slot in self.slots:
-                if slot.state is SlotState.EMPTY:
-                    self._move_slot(slot, SlotState.STARTING)
-                    actions.append(Spawn(slot.index))
+        capacity = 0  # places where a queued task could start soon
+        for slot in self.slots:
+            if slot.state is SlotState.EMPTY and self.phase is Phase.OPEN:
+                # Refill: a slot that ran a worker gets a new one, work or not.
+                self._move_slot(slot, SlotState.STARTING)
+                actions.append(Spawn(slot.index))
+            if slot.state is SlotState.STARTING or (slot.state is SlotState.READY
+                                                    and not slot.in_flight):
+                capacity += 1
+        if len(self._queue) <= capacity:
+            return actions
         # On demand: start workers while queued tasks outnumber the places to run them.
-        capacity = sum(1 for s in self.slots if s.state is SlotState.STARTING or
-                       (s.state is SlotState.READY and not s.in_flight))
         for slot in self.slots:
             if len(self._queue) <= capacity:
                 break
@@ -413,6 +433,8 @@ class StateMachine:
     def _stop_idle(self) -> list[Action]:
         """Stop retired workers; when draining, also every worker with nothing left to do."""
         actions: list[Action] = []
+        if self.phase is Phase.OPEN and not any(s.state is SlotState.RETIRING for s in self.slots):
+            return actions  # the common case, checked cheaply
         draining = self.phase is Phase.DRAINING and not self._queue
         for slot in self.slots:
             idle = not slot.in_flight

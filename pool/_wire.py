@@ -81,6 +81,32 @@ def write_frame(fd: int, kind: Kind, task_id: int, body: bytes | bytearray | mem
             parts[0] = parts[0][written:]
 
 
+def write_frames(fd: int, kind: Kind, frames: list[tuple[int, bytes]]) -> int:
+    """Write several frames with as few system calls as the pipe allows; returns how many
+    were written whole (fewer only if the reader went away: BrokenPipeError is caught)."""
+    parts: list[memoryview] = []
+    ends: list[int] = []  # running byte count at the end of each frame
+    total = 0
+    for task_id, body in frames:
+        parts.append(memoryview(HEADER.pack(MAGIC, kind, task_id, len(body))))
+        parts.append(memoryview(body))
+        total += HEADER.size + len(body)
+        ends.append(total)
+    done = 0
+    try:
+        while parts:
+            written = os.writev(fd, parts[:1024])  # IOV_MAX
+            done += written
+            while parts and written >= len(parts[0]):
+                written -= len(parts[0])
+                parts.pop(0)
+            if parts and written:
+                parts[0] = parts[0][written:]
+    except BrokenPipeError:
+        pass
+    return sum(1 for end in ends if end <= done)
+
+
 def _read_exactly(fd: int, size: int) -> bytearray | None:
     """Read ``size`` bytes, or return None at end of file before any byte was read."""
     buf = bytearray(size)
@@ -111,6 +137,44 @@ def read_frame(fd: int) -> Frame | None:
 
 
 # --- non-blocking frame reader (dispatcher side) ----------------------------------------
+
+class FrameStream:
+    """Blocking frame reader for the worker: one read takes every frame already waiting in
+    the pipe (small pipelined calls), and a large body is read straight into its buffer."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._buffer = bytearray()
+
+    def next(self) -> Frame | None:
+        """The next frame; None at end of file between frames."""
+        while len(self._buffer) < HEADER.size:
+            chunk = os.read(self.fd, _READ_CHUNK)
+            if not chunk:
+                if self._buffer:
+                    raise EOFError("pipe closed inside a frame header")
+                return None
+            self._buffer += chunk
+        magic, kind, task_id, length = HEADER.unpack_from(self._buffer)
+        if magic != MAGIC or length > MAX_BODY:
+            raise ValueError(f"not a pool frame: header {bytes(self._buffer[:HEADER.size])!r}")
+        end = HEADER.size + length
+        if len(self._buffer) >= end:
+            body = self._buffer[HEADER.size:end]
+            del self._buffer[:end]
+        else:  # the rest of a large body goes straight into its own buffer: no copy
+            body = bytearray(length)
+            have = len(self._buffer) - HEADER.size
+            body[:have] = memoryview(self._buffer)[HEADER.size:]
+            self._buffer = bytearray()
+            view = memoryview(body)
+            while have < length:
+                count = os.readv(self.fd, [view[have:]])
+                if count == 0:
+                    raise EOFError(f"pipe closed after {have} of {length} body bytes")
+                have += count
+        return Frame(Kind(kind), task_id, body)
+
 
 class FrameReader:
     """Parses the frames a worker sends, reading only what the pipe already holds.

@@ -191,8 +191,9 @@ def _serve(task_fd: int, reply_fd: int, max_tasks: int | None, max_memory: int |
     functions = _FunctionCache()
     memory = _ResidentMemory() if max_memory is not None else None
     completed = 0
+    stream = _wire.FrameStream(task_fd)
     while max_tasks is None or completed < max_tasks:
-        frame = _wire.read_frame(task_fd)
+        frame = stream.next()
         if frame is None:
             return  # end of file: the parent asked us to stop
         assert frame.kind is Kind.CALL, frame.kind

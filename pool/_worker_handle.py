@@ -48,6 +48,7 @@ class WorkerHandle:
         self.reader = FrameReader(reply_fd)
         self.crash_fd = crash_fd
         self.start_error: BaseException | None = None  # from an INIT_FAILED frame
+        self.outbox: list[tuple[int, bytes]] = []      # CALL frames queued this turn
 
     @classmethod
     def start(cls, ctx: Any, name: str, *, lifeline_fd: int, initializer: bytes | None,
@@ -78,9 +79,19 @@ class WorkerHandle:
         return fds + ([self.task_fd] if self.task_fd is not None else [])
 
     def send(self, task_id: int, body: bytes) -> None:
-        """Write one CALL frame; raises BrokenPipeError if the worker is gone."""
+        """Queue one CALL frame; ``flush`` writes what was queued."""
         assert self.task_fd is not None, "sending to a worker asked to stop"
-        _wire.write_frame(self.task_fd, Kind.CALL, task_id, body)
+        self.outbox.append((task_id, body))
+
+    def flush(self) -> list[int]:
+        """Write the queued frames in one go; returns the ids of those that could not be
+        written because the worker is gone (it never got them)."""
+        frames, self.outbox = self.outbox, []
+        if not frames:
+            return []
+        assert self.task_fd is not None
+        written = _wire.write_frames(self.task_fd, Kind.CALL, frames)
+        return [task_id for task_id, _ in frames[written:]]
 
     def read(self) -> list[Frame]:
         """The frames that have arrived; see ``reader.eof`` and ``reader.error`` after."""
@@ -95,6 +106,7 @@ class WorkerHandle:
 
     def close_task_pipe(self) -> None:
         """Ask the worker to stop: it exits when it reads end of file."""
+        assert not self.outbox, "closing a task pipe with frames not yet written"
         if self.task_fd is not None:
             _teardown.close_fds(self.task_fd)
             self.task_fd = None
@@ -132,6 +144,9 @@ class WorkerHandle:
 
     def _release(self, exitcode: int | None, group_left: tuple[int, ...]) -> Exit:
         unread = _teardown.unread_bytes(self.task_fd) if self.task_fd is not None else 0
+        # Frames still queued were never written: as good as unread (they come last).
+        unread += sum(_wire.HEADER.size + len(body) for _, body in self.outbox)
+        self.outbox = []
         crash_report = _teardown.read_crash_report(self.crash_fd)
         self.close_task_pipe()
         _teardown.close_fds(self.reader.fd, self.crash_fd)

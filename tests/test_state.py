@@ -32,6 +32,13 @@ def start(m: StateMachine, *slots: int) -> list:
     return actions
 
 
+def start_warm(m: StateMachine, *slots: int) -> list:
+    """Start workers whose last task was short, so that small tasks are pipelined to them."""
+    for slot in slots:
+        m.slots[slot].last_duration = 0.0
+    return start(m, *slots)
+
+
 def test_first_submit_spawns_one_worker_and_sends_when_ready():
     m, _ = machine(2)
     assert m.submit(1) == [Spawn(0)]
@@ -81,22 +88,22 @@ def test_death_requeues_tasks_received_but_not_started_at_the_front():
     m, _ = machine(1, pipeline_depth=3)
     for task in (1, 2, 3, 4):
         m.submit(task, pipelinable=True)
-    assert start(m, 0) == [Send(0, 1), Send(0, 2), Send(0, 3)]
+    assert start_warm(m, 0) == [Send(0, 1), Send(0, 2), Send(0, 3)]
     assert [m.task_state(t) for t in (1, 2, 3)] == [TaskState.RUNNING, TaskState.ASSIGNED,
                                                     TaskState.ASSIGNED]
     actions = m.worker_exited(0)
     assert actions == [FailDied(1, 0), Spawn(0)]  # 2 and 3 are not failed
     assert m.queued == [2, 3, 4]  # and keep their place ahead of 4
-    assert start(m, 0) == [Send(0, 2), Send(0, 3), Send(0, 4)]
+    assert start_warm(m, 0) == [Send(0, 2), Send(0, 3), Send(0, 4)]
 
 
 def test_tasks_left_unread_in_the_pipe_are_requeued_even_the_first():
     m, _ = machine(1, pipeline_depth=2)
     m.submit(1, pipelinable=True), m.submit(2, pipelinable=True)
-    start(m, 0)
+    start_warm(m, 0)
     assert m.worker_exited(0, unstarted=2) == [Spawn(0)]  # it died before reading either
     assert m.queued == [1, 2]
-    start(m, 0)
+    start_warm(m, 0)
     assert m.worker_exited(0, unstarted=1) == [FailDied(1, 0), Spawn(0)]
     assert m.queued == [2]
 
@@ -287,7 +294,7 @@ def test_a_timed_out_task_fails_with_its_timeout_and_the_slot_is_refilled():
 def test_the_next_task_on_a_worker_gets_its_own_clock():
     m, clock = machine(1, pipeline_depth=2)
     m.submit(1, pipelinable=True, timeout=5.0), m.submit(2, pipelinable=True, timeout=1.0)
-    start(m, 0)
+    start_warm(m, 0)
     clock.now += 4
     assert m.task_replied(0, 1) == [Resolve(1)]
     assert m.next_deadline() == clock.now + 1.0  # task 2 started now, not when it was sent
@@ -324,7 +331,7 @@ def test_stopping_a_running_task_kills_its_worker_and_cancels_it():
 def test_stopping_a_task_waiting_behind_another_stops_it_when_it_starts():
     m, _ = machine(1, pipeline_depth=2)
     m.submit(1, pipelinable=True), m.submit(2, pipelinable=True)
-    start(m, 0)
+    start_warm(m, 0)
     assert m.task_state(2) is TaskState.ASSIGNED
     assert m.stop_task(2) == []
     assert m.task_replied(0, 1) == [Resolve(1), Signal(0, signal.SIGKILL)]
@@ -360,7 +367,7 @@ def test_kill_workers_sends_sigkill_at_once_and_cancels_unstarted_tasks():
     m, _ = machine(1, pipeline_depth=3)
     for task_id in (1, 2, 3):
         m.submit(task_id, pipelinable=True)
-    start(m, 0)
+    start_warm(m, 0)
     assert m.terminate(signal.SIGKILL) == [Signal(0, signal.SIGKILL)]
     assert m.worker_exited(0, unstarted=1) == [FailTerminated(1, 0), Stopped(3), Stopped(2)]
     assert m.closed
@@ -397,3 +404,15 @@ def test_a_worker_given_up_on_is_dropped_and_its_task_fails():
     assert m.slots[0].escalation is Escalation.GIVEN_UP
     # The dispatcher reports the pid and drops the process; the slot is refilled.
     assert m.worker_exited(0) == [Stopped(1), Spawn(0)]
+
+
+def test_small_tasks_queue_behind_a_worker_only_while_its_tasks_are_short():
+    m, clock = machine(1, pipeline_depth=3)
+    for task_id in (1, 2, 3, 4, 5):
+        m.submit(task_id, pipelinable=True)
+    assert start(m, 0) == [Send(0, 1)]  # a new worker: nothing known, one at a time
+    clock.now += 0.0005
+    assert m.task_replied(0, 1) == [Resolve(1), Send(0, 2), Send(0, 3), Send(0, 4)]
+    clock.now += 5  # task 2 turned out long: 3 and 4 waited behind it (the price)...
+    assert m.task_replied(0, 2) == [Resolve(2)]  # ...but nothing more joins them
+    assert m.task_replied(0, 3) == [Resolve(3), Send(0, 5)]  # 3 was short again

@@ -135,3 +135,42 @@ def test_a_frame_too_large_for_memory_is_an_error_not_a_crash(pipe):
     reader = FrameReader(read_end)
     assert reader.read_available() == []
     assert "more than memory" in reader.error
+
+
+def test_write_frames_writes_them_all_and_the_stream_reads_them_back():
+    read_fd, write_fd = os.pipe()
+    try:
+        frames = [(1, b"a" * 10), (2, b""), (3, b"c" * 300)]
+        assert _wire.write_frames(write_fd, Kind.CALL, frames) == 3
+        big = bytes(range(256)) * 1024  # larger than one read: read into its own buffer
+        writer = threading.Thread(target=_wire.write_frames,
+                                  args=(write_fd, Kind.CALL, [(4, big)]))
+        writer.start()
+        stream = _wire.FrameStream(read_fd)
+        got = [stream.next() for _ in range(4)]
+        writer.join(10)
+        os.close(write_fd)
+        assert [(f.task_id, bytes(f.body)) for f in got] == frames + [(4, big)]
+        assert stream.next() is None  # end of file between frames
+    finally:
+        os.close(read_fd)
+
+
+def test_write_frames_reports_how_many_reached_a_reader_that_went_away():
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)
+    try:
+        assert _wire.write_frames(write_fd, Kind.CALL, [(1, b"x"), (2, b"y")]) == 0
+    finally:
+        os.close(write_fd)
+
+
+def test_the_stream_refuses_a_truncated_header():
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, b"\xb7P\x01")
+    os.close(write_fd)
+    try:
+        with pytest.raises(EOFError):
+            _wire.FrameStream(read_fd).next()
+    finally:
+        os.close(read_fd)
