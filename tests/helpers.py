@@ -17,9 +17,9 @@ REPO_DIR = TESTS_DIR.parent
 START_METHODS = ("fork", "forkserver", "spawn")
 
 
-def children_of(pid: int) -> set[int]:
-    """Live (non-zombie) direct children of ``pid``, read from /proc."""
-    found = set()
+def _live_processes() -> list[tuple[int, int, int]]:
+    """(pid, parent pid, process group) of every live (non-zombie) process, from /proc."""
+    found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -29,9 +29,14 @@ def children_of(pid: int) -> set[int]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            found.add(int(entry))
+        if fields[0] != "Z":
+            found.append((int(entry), int(fields[1]), int(fields[2])))
     return found
+
+
+def children_of(pid: int) -> set[int]:
+    """Live (non-zombie) direct children of ``pid``."""
+    return {child for child, parent, _ in _live_processes() if parent == pid}
 
 
 def process_exists(pid: int) -> bool:
@@ -172,16 +177,4 @@ class Scenario:
 
 def group_members(pgid: int) -> set[int]:
     """Live (non-zombie) processes of process group ``pgid``."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            found.add(int(entry))
-    return found
+    return {pid for pid, _, group in _live_processes() if group == pgid}
