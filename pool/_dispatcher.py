@@ -5,7 +5,7 @@
  caller threads                   dispatcher thread "pool-dispatcher-N"       worker processes
  ──────────────                   ─────────────────────────────────────       ────────────────
  Dispatcher.submit(record)        _run: while not done: _turn()                worker_main:
- Dispatcher.stop_task(id)          ready = wait([_wakeup.reader,                 read_frame(CALL)
+ Dispatcher.stop_task(id)          ready = wait([_wakeup.reader,                 FrameStream.next
  Dispatcher.terminate(signum)                 *reply fds, *sentinels],           run fn(*args)
    Submit|StopTask|Terminate ─►               timeout=next deadline)             write_frame(RESULT
    _commands, _wakeup.wake()       drain_wakeups   (Submit, Shutdown, StopTask,          | RAISED)

@@ -66,14 +66,13 @@ class Frame(NamedTuple):
     body: bytes | bytearray
 
 
-# --- blocking frame I/O (worker side, and the dispatcher's writes to an idle worker) ------
+# --- blocking frame I/O (worker side, and the dispatcher's writes) -----------------------
 
-def write_frame(fd: int, kind: Kind, task_id: int, body: bytes | bytearray | memoryview = b""
-                ) -> None:
-    """Write one whole frame, blocking until it is all in the pipe."""
-    parts = [memoryview(HEADER.pack(MAGIC, kind, task_id, len(body))), memoryview(body)]
+def _write_all(fd: int, parts: list[memoryview]) -> None:
+    """Write every part, blocking. If BrokenPipeError is raised, ``parts`` holds what was
+    not written (the first of them perhaps in part)."""
     while parts:
-        written = os.writev(fd, parts)
+        written = os.writev(fd, parts[:1024])  # IOV_MAX
         while parts and written >= len(parts[0]):
             written -= len(parts[0])
             parts.pop(0)
@@ -81,62 +80,25 @@ def write_frame(fd: int, kind: Kind, task_id: int, body: bytes | bytearray | mem
             parts[0] = parts[0][written:]
 
 
+def write_frame(fd: int, kind: Kind, task_id: int, body: bytes | bytearray | memoryview = b""
+                ) -> None:
+    """Write one whole frame, blocking until it is all in the pipe."""
+    _write_all(fd, [memoryview(HEADER.pack(MAGIC, kind, task_id, len(body))), memoryview(body)])
+
+
 def write_frames(fd: int, kind: Kind, frames: list[tuple[int, bytes]]) -> int:
     """Write several frames with as few system calls as the pipe allows; returns how many
     were written whole (fewer only if the reader went away: BrokenPipeError is caught)."""
     parts: list[memoryview] = []
-    ends: list[int] = []  # running byte count at the end of each frame
-    total = 0
     for task_id, body in frames:
-        parts.append(memoryview(HEADER.pack(MAGIC, kind, task_id, len(body))))
-        parts.append(memoryview(body))
-        total += HEADER.size + len(body)
-        ends.append(total)
-    done = 0
+        parts += [memoryview(HEADER.pack(MAGIC, kind, task_id, len(body))), memoryview(body)]
     try:
-        while parts:
-            written = os.writev(fd, parts[:1024])  # IOV_MAX
-            done += written
-            while parts and written >= len(parts[0]):
-                written -= len(parts[0])
-                parts.pop(0)
-            if parts and written:
-                parts[0] = parts[0][written:]
+        _write_all(fd, parts)
     except BrokenPipeError:
         pass
-    return sum(1 for end in ends if end <= done)
+    # Two parts a frame: a frame with any part left (its body, or both) was not written.
+    return len(frames) - (len(parts) + 1) // 2
 
-
-def _read_exactly(fd: int, size: int) -> bytearray | None:
-    """Read ``size`` bytes, or return None at end of file before any byte was read."""
-    buf = bytearray(size)
-    view = memoryview(buf)
-    filled = 0
-    while filled < size:
-        count = os.readv(fd, [view[filled:]])
-        if count == 0:
-            if filled == 0:
-                return None
-            raise EOFError(f"pipe closed after {filled} of {size} bytes")
-        filled += count
-    return buf
-
-
-def read_frame(fd: int) -> Frame | None:
-    """Block until one frame has arrived; None when the writer has closed the pipe."""
-    header = _read_exactly(fd, HEADER.size)
-    if header is None:
-        return None
-    magic, kind, task_id, length = HEADER.unpack(header)
-    if magic != MAGIC or length > MAX_BODY:
-        raise ValueError(f"not a pool frame: header {bytes(header)!r}")
-    body = _read_exactly(fd, length) if length else bytearray()
-    if body is None:
-        raise EOFError("pipe closed before the frame's body")
-    return Frame(Kind(kind), task_id, body)
-
-
-# --- non-blocking frame reader (dispatcher side) ----------------------------------------
 
 class FrameStream:
     """Blocking frame reader for the worker: one read takes every frame already waiting in
@@ -175,6 +137,8 @@ class FrameStream:
                 have += count
         return Frame(Kind(kind), task_id, body)
 
+
+# --- non-blocking frame reader (dispatcher side) ----------------------------------------
 
 class FrameReader:
     """Parses the frames a worker sends, reading only what the pipe already holds.

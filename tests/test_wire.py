@@ -81,16 +81,17 @@ def test_a_call_frame_from_a_worker_is_garbage(pipe):
     assert reader.error
 
 
-def test_blocking_read_frame_round_trip(pipe):
+def test_blocking_frame_stream_round_trip(pipe):
     read_end, write_end = pipe
     os.set_blocking(read_end, True)
     _wire.write_frame(write_end, Kind.CALL, 3, _wire.encode_call(b"fn", b"args"))
-    frame = _wire.read_frame(read_end)
+    stream = _wire.FrameStream(read_end)
+    frame = stream.next()
     assert frame.kind is Kind.CALL and frame.task_id == 3
     fn_blob, args_blob = _wire.decode_call(frame.body)
     assert (bytes(fn_blob), bytes(args_blob)) == (b"fn", b"args")
     os.close(write_end)
-    assert _wire.read_frame(read_end) is None
+    assert stream.next() is None
 
 
 def test_importable_functions_go_by_reference_and_lambdas_by_value():
