@@ -62,8 +62,8 @@ from typing import Any, Callable, Iterator
 from . import _exit, _state, _teardown, _wire
 from ._commands import Command, Shutdown, StopTask, Submit, TaskRecord, Terminate
 from ._errors import PoolInternalError, TaskInfo, WorkerProtocolError, describe_exit
-from ._futures import (SIGNAL_CHECK_SECONDS, CallbackRunner, PoolFuture,
-                       install_on_dispatcher_thread)
+from ._futures import (CallbackRunner, PoolFuture, install_on_dispatcher_thread,
+                       wait_interruptibly)
 from ._outcomes import StartFailures, failure, format_error, fresh, resolve
 from ._state import StateMachine
 from ._wakeup import Wakeup
@@ -122,13 +122,11 @@ class Dispatcher:
         self._owner_pid = os.getpid()
         self._closing = False
         self._released = False
-        # Resolved once the loop has ended (at once if it never started): for awaiting.
+        # Resolved once the loop has released everything (at once if it never started).
+        # Callers wait for this, never for the thread: on 3.11, a KeyboardInterrupt inside
+        # Thread.join() can leave a thread that still runs marked as stopped (the bpo-45274
+        # handling), and a second join() would then return at once.
         self.finished: Future[None] = Future()
-        # Set once the loop has released everything. Callers wait for this, never for the
-        # thread: on 3.11, a KeyboardInterrupt inside Thread.join() can leave a thread that
-        # still runs marked as stopped (the bpo-45274 handling), and a second join() would
-        # then return at once.
-        self._done = threading.Event()
         self.broken_error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._wakeup: Wakeup | None = None
@@ -191,7 +189,6 @@ class Dispatcher:
             self._closing = True
             if not started and not self.finished.done():
                 self.finished.set_result(None)
-                self._done.set()
         if started:
             assert self._wakeup is not None
             self._wakeup.wake()
@@ -202,11 +199,24 @@ class Dispatcher:
         """Wait for the loop to end (caller thread), then for the callbacks it queued: as
         with the stdlib, whose manager thread runs them, every callback of a resolved
         future has run when shutdown(wait=True) returns. ``callback_timeout`` bounds that
-        second wait (interpreter exit does not wait forever for a blocked callback)."""
+        second wait (interpreter exit does not wait forever for a blocked callback).
+
+        A Ctrl-C while waiting for the loop stops waiting for the tasks: the workers are
+        terminated (a second Ctrl-C kills them), and once they are gone the
+        KeyboardInterrupt goes on. Every wait of a caller comes through here.
+        """
         if self._thread is None or self._thread is threading.current_thread():
             return
-        while not self._done.wait(SIGNAL_CHECK_SECONDS):  # a Ctrl-C is never missed
-            pass
+        try:
+            wait_interruptibly(self.finished)
+        except KeyboardInterrupt:
+            self.terminate(signal.SIGTERM, wait=False)
+            try:
+                wait_interruptibly(self.finished)
+            except KeyboardInterrupt:
+                self.terminate(signal.SIGKILL, wait=False)
+                wait_interruptibly(self.finished)
+            raise
         blocked = self._callbacks.join(callback_timeout)
         if blocked:
             logger.warning("%s: not waiting for %d done-callback(s) still running",
@@ -259,7 +269,6 @@ class Dispatcher:
             finally:  # even if releasing failed, nobody may wait for this loop forever
                 if not self.finished.done():
                     self.finished.set_result(None)
-                self._done.set()
 
     def _turn(self) -> None:
         if self._injected_fault is not None:

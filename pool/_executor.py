@@ -217,11 +217,7 @@ class ProcessPool(Executor):
         interrupts that wait, the pool stops waiting for its tasks: it terminates the
         workers (see :meth:`terminate_workers`), then lets the interrupt go on.
         """
-        try:
-            self._dispatcher.shutdown(wait, cancel_futures)
-        except KeyboardInterrupt:
-            self._interrupted()
-            raise
+        self._dispatcher.shutdown(wait, cancel_futures)
 
     def terminate_workers(self, *, wait: bool = True) -> None:
         """Shut down now: cancel the tasks that have not started and end every worker with
@@ -229,31 +225,16 @@ class ProcessPool(Executor):
         ``terminate_grace``. Tasks that were running fail with
         :class:`pool.WorkerTerminated`. With ``wait`` (unlike the 3.14 stdlib, which does
         not wait), returns once every worker is reaped or reported by pid."""
-        self._end_workers(signal.SIGTERM, wait)
+        self._dispatcher.terminate(signal.SIGTERM, wait)
 
     def kill_workers(self, *, wait: bool = True) -> None:
         """Like :meth:`terminate_workers`, with SIGKILL at once."""
-        self._end_workers(signal.SIGKILL, wait)
-
-    def _end_workers(self, signum: int, wait: bool) -> None:
-        try:
-            self._dispatcher.terminate(signum, wait)
-        except KeyboardInterrupt:
-            self._interrupted()
-            raise
-
-    def _interrupted(self) -> None:
-        # Ctrl-C while waiting: terminate; a second Ctrl-C while that waits kills.
-        try:
-            self._dispatcher.terminate(signal.SIGTERM, wait=True)
-        except KeyboardInterrupt:
-            self._dispatcher.terminate(signal.SIGKILL, wait=True)
-            raise
+        self._dispatcher.terminate(signal.SIGKILL, wait)
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
-            self._interrupted()  # do not make the user wait for what they interrupted
+            self.terminate_workers()  # do not make the user wait for what they interrupted
         else:
             self.shutdown(wait=True)
 
@@ -267,13 +248,13 @@ class ProcessPool(Executor):
         import asyncio
         if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt,
                                                           asyncio.CancelledError)):
-            self._interrupted()
+            self.terminate_workers()
             return
         self._dispatcher.shutdown(wait=False, cancel_futures=False)
         try:
             await asyncio.wrap_future(self._dispatcher.finished)  # (done-callbacks not awaited)
         except BaseException:
-            self._interrupted()
+            self.terminate_workers()
             raise
 
 

@@ -23,6 +23,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future, _base
+from concurrent.futures import wait as wait_for_futures
 from typing import Any, Callable, Generator
 
 logger = logging.getLogger("pool")
@@ -39,6 +40,12 @@ MAX_CALLBACK_THREADS = 16
 # about one run in five when the signal follows the call closely). Waits that may block
 # for long therefore wake up this often to let a pending KeyboardInterrupt be raised.
 SIGNAL_CHECK_SECONDS = 0.25
+
+
+def wait_interruptibly(future: Future[Any]) -> None:
+    """Block until ``future`` is done, in slices, so that a Ctrl-C is never missed."""
+    while not future.done():
+        wait_for_futures([future], SIGNAL_CHECK_SECONDS)
 
 
 def join_interruptibly(thread: threading.Thread) -> None:
@@ -83,20 +90,13 @@ class PoolFuture(Future[Any]):
 
     def result(self, timeout: float | None = None) -> Any:
         if timeout is None:
-            self._wait_interruptibly()
+            wait_interruptibly(self)
         return super().result(timeout)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         if timeout is None:
-            self._wait_interruptibly()
+            wait_interruptibly(self)
         return super().exception(timeout)
-
-    def _wait_interruptibly(self) -> None:
-        # Waits in slices, so that a Ctrl-C is never missed (see SIGNAL_CHECK_SECONDS).
-        with self._condition:
-            while self._state not in (_base.CANCELLED, _base.CANCELLED_AND_NOTIFIED,
-                                      _base.FINISHED):
-                self._condition.wait(SIGNAL_CHECK_SECONDS)
 
     def set_result(self, result: Any) -> None:
         with self._condition:
