@@ -51,6 +51,10 @@ MAX_START_FAILURES = 3
 
 _ENDS = (TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED)
 
+# When a step's grace period runs out, the next step (the last one reports the process).
+_NEXT_STEP = {Escalation.ASKED: Escalation.TERMINATED, Escalation.DUMPING: Escalation.KILLED,
+              Escalation.TERMINATED: Escalation.KILLED, Escalation.KILLED: Escalation.GIVEN_UP}
+
 
 class StateMachine:
     """Events in, actions out. See the module docstring for the guarantees."""
@@ -279,13 +283,9 @@ class StateMachine:
             if slot.in_flight and slot.ending is None:
                 slot.ending = Ending.TERMINATED
             if signum == signal.SIGKILL:
-                if slot.escalation not in (Escalation.KILLED, Escalation.GIVEN_UP):
-                    actions += self._kill(slot)
+                actions += self._kill(slot)
             elif slot.escalation in (None, Escalation.ASKED):
-                if slot.state is not SlotState.STOPPING:
-                    self._move_slot(slot, SlotState.STOPPING)
-                self._escalate(slot, Escalation.TERMINATED, self._timeouts.terminate)
-                actions.append(Signal(slot.index, signal.SIGTERM))
+                actions.append(self._escalate(slot, Escalation.TERMINATED))
         return actions
 
     def tick(self) -> list[Action]:
@@ -295,24 +295,13 @@ class StateMachine:
         for slot, task in self._timed_running():
             if task.deadline is not None and task.deadline <= now:
                 task.deadline = None
-                self._move_slot(slot, SlotState.STOPPING)
+                actions.append(self._escalate(slot, Escalation.DUMPING))
                 slot.ending = Ending.TIMED_OUT
-                self._escalate(slot, Escalation.DUMPING, self._timeouts.dump)
-                actions.append(DumpStack(slot.index))
-        steps = {Escalation.ASKED: (Escalation.TERMINATED, signal.SIGTERM, self._timeouts.terminate),
-                 Escalation.TERMINATED: (Escalation.KILLED, signal.SIGKILL, self._timeouts.kill),
-                 Escalation.DUMPING: (Escalation.KILLED, signal.SIGKILL, self._timeouts.kill)}
         for slot in self.slots:
             if slot.deadline is None or slot.deadline > now:
                 continue
             assert slot.state is SlotState.STOPPING and slot.escalation is not None
-            if slot.escalation in steps:
-                step, signum, grace = steps[slot.escalation]
-                self._escalate(slot, step, grace)
-                actions.append(Signal(slot.index, signum))
-            else:
-                slot.escalation, slot.deadline = Escalation.GIVEN_UP, None
-                actions.append(Unreaped(slot.index))
+            actions.append(self._escalate(slot, _NEXT_STEP[slot.escalation]))
         return actions
 
     # -- internals ----------------------------------------------------------------------------
@@ -466,16 +455,27 @@ class StateMachine:
         within the kill grace."""
         if slot.escalation in (Escalation.KILLED, Escalation.GIVEN_UP):
             return []
+        return [self._escalate(slot, Escalation.KILLED)]
+
+    def _ask_to_stop(self, slot: Slot) -> Action:
+        return self._escalate(slot, Escalation.ASKED)
+
+    def _escalate(self, slot: Slot, step: Escalation) -> Action:
+        """Take the slot's worker to ``step`` of ending it: the slot is STOPPING, the step's
+        grace period runs (none after giving up), and the step's action is returned."""
         if slot.state is not SlotState.STOPPING:
             self._move_slot(slot, SlotState.STOPPING)
-        self._escalate(slot, Escalation.KILLED, self._timeouts.kill)
-        return [Signal(slot.index, signal.SIGKILL)]
-
-    def _escalate(self, slot: Slot, step: Escalation, grace: float) -> None:
         slot.escalation = step
-        slot.deadline = self._clock() + grace
-
-    def _ask_to_stop(self, slot: Slot) -> Stop:
-        self._move_slot(slot, SlotState.STOPPING)
-        self._escalate(slot, Escalation.ASKED, self._timeouts.stop)
-        return Stop(slot.index)
+        grace = {Escalation.ASKED: self._timeouts.stop, Escalation.DUMPING: self._timeouts.dump,
+                 Escalation.TERMINATED: self._timeouts.terminate,
+                 Escalation.KILLED: self._timeouts.kill}.get(step)
+        slot.deadline = None if grace is None else self._clock() + grace
+        if step is Escalation.ASKED:
+            return Stop(slot.index)
+        if step is Escalation.DUMPING:
+            return DumpStack(slot.index)
+        if step is Escalation.TERMINATED:
+            return Signal(slot.index, signal.SIGTERM)
+        if step is Escalation.KILLED:
+            return Signal(slot.index, signal.SIGKILL)
+        return Unreaped(slot.index)
