@@ -406,6 +406,11 @@ class Dispatcher:
         elif not running and state is not _state.SlotState.STOPPING:
             logger.warning("%s: idle worker pid %d died (%s); replacing it", self.name,
                            ended.pid, describe_exit(ended.exitcode))
+        self._slot_emptied(slot, ended)
+
+    def _slot_emptied(self, slot: int, ended: Exit) -> None:
+        """Tell the machine the slot's worker is gone (or given up on), with how many of
+        its last tasks it never read."""
         unstarted = self._count_unstarted(slot, ended.unread_task_bytes)
         self._perform(self._machine.worker_exited(slot, unstarted=unstarted), death=ended)
 
@@ -485,8 +490,7 @@ class Dispatcher:
                      "(its slot gets a new worker)", self.name, worker.pid, self._timeouts.kill)
         ended = worker.abandon()
         self._abandoned.append(worker)
-        unstarted = self._count_unstarted(slot, ended.unread_task_bytes)
-        self._perform(self._machine.worker_exited(slot, unstarted=unstarted), death=ended)
+        self._slot_emptied(slot, ended)
 
     def _send(self, slot: int, record: TaskRecord) -> list[_state.Action]:
         if not record.marked_running:
