@@ -75,6 +75,13 @@ class Cancel:
 
 
 @dataclass(frozen=True)
+class Reclaim:
+    """Take back the tasks that wait in the slot's pipe behind its running one (the
+    dispatcher reports which it got with ``tasks_reclaimed``)."""
+    slot: int
+
+
+@dataclass(frozen=True)
 class Stop:
     """Ask the slot's worker to exit (close its task pipe)."""
     slot: int
@@ -105,6 +112,6 @@ class Unreaped:
 
 
 Action = Union[Spawn, Send, Resolve, FailDied, FailMisbehaved, FailTimedOut, FailTerminated,
-               Stopped, FailBroken, Cancel, Stop, Signal, DumpStack, Broken, Unreaped]
+               Stopped, FailBroken, Cancel, Reclaim, Stop, Signal, DumpStack, Broken, Unreaped]
 
 

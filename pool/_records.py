@@ -102,6 +102,8 @@ class Task:
     deadline: float | None = None   # set when it starts RUNNING, if it has a timeout
     started: float | None = None    # when it started RUNNING (as the parent saw it)
     stop_requested: bool = False    # stop it as soon as it starts running
+    kept_alone: bool = False        # running long: the tasks behind it were taken back, and
+                                    # no more are queued behind it
 
 
 @dataclass
@@ -112,6 +114,7 @@ class Slot:
     assigned_count: int = 0                                # tasks sent to this process
     over_memory: bool = False       # retiring because its worker reported too much memory
     last_duration: float | None = None  # how long its worker's last task ran
+    pipelining: bool = False        # its pipe can hold small tasks queued behind the running one
     escalation: Escalation | None = None
     deadline: float | None = None
     ending: Ending | None = None    # set while the pool ends it with a task running

@@ -27,23 +27,27 @@ from collections import deque
 from typing import Callable
 
 from ._actions import (Action, Broken, Cancel, DumpStack, FailBroken, FailDied, FailMisbehaved,
-                       FailTerminated, FailTimedOut, Resolve, Send, Signal, Spawn, Stop,
-                       Stopped, Unreaped)
+                       FailTerminated, FailTimedOut, Reclaim, Resolve, Send, Signal, Spawn,
+                       Stop, Stopped, Unreaped)
 from ._records import (SLOT_TRANSITIONS, TASK_TRANSITIONS, Ending, Escalation,
                        InvalidTransition, Phase, Slot, SlotState, Task, TaskState, Timeouts)
 
 __all__ = [
     "TaskState", "SlotState", "Phase", "Escalation", "Ending", "InvalidTransition",
     "StateMachine", "Timeouts", "Spawn", "Send", "Resolve", "FailDied", "FailMisbehaved",
-    "FailBroken", "FailTimedOut", "FailTerminated", "Cancel", "Stopped", "Stop", "Signal",
+    "RECLAIM_AFTER_SECONDS",
+    "FailBroken", "FailTimedOut", "FailTerminated", "Cancel", "Stopped", "Reclaim", "Stop",
+    "Signal",
     "DumpStack", "Broken", "Unreaped", "Action", "MAX_START_FAILURES",
 ]
 
 # Small tasks are queued behind the running one on a worker (so that it never waits for the
-# round trip) only while that worker's last task ran shorter than this: a task queued in a
-# pipe cannot move to another worker, so it must not wait behind a long one. A sudden long
-# task can still hold up to ``pipeline_depth - 1`` small ones: the price of the speed-up.
+# round trip) only while that worker's last task ran shorter than this.
 SHORT_TASK_SECONDS = 0.001
+
+# A task that turns out long does not hold up the small ones queued behind it: once it has
+# run this long, they are taken back from its worker's pipe and run elsewhere.
+RECLAIM_AFTER_SECONDS = 0.005
 
 # A worker that dies before READY this many times in a row, with no task completed in
 # between, means the initializer (or the worker's start-up) is broken: stop respawning.
@@ -93,6 +97,7 @@ class StateMachine:
     def next_deadline(self) -> float | None:
         deadlines = [s.deadline for s in self.slots if s.deadline is not None]
         deadlines += [t.deadline for _, t in self._timed_running() if t.deadline is not None]
+        deadlines += [deadline for _, _, deadline in self._heads_with_followers()]
         return min(deadlines, default=None)
 
     # -- transitions ------------------------------------------------------------------------
@@ -141,10 +146,13 @@ class StateMachine:
         self._queue.append(task_id)
         return self._schedule()
 
-    def worker_ready(self, index: int) -> list[Action]:
+    def worker_ready(self, index: int, *, pipelining: bool = True) -> list[Action]:
+        """The worker is up. ``pipelining``: its pipe can hold tasks queued behind the
+        running one, and give them back (``Reclaim``)."""
         slot = self.slots[index]
         if slot.state is SlotState.STOPPING:
             return []  # stopped while starting; it will exit at end of file
+        slot.pipelining = pipelining
         self._move_slot(slot, SlotState.READY)
         return self._schedule()
 
@@ -230,7 +238,7 @@ class StateMachine:
         """The slot's process is gone (and its last replies were already delivered), or it
         was given up on after SIGKILL's grace.
 
-        ``unstarted``: how many of the last tasks sent to it were still (partly) unread in
+        ``unstarted``: how many of the last tasks sent to it were still wholly unread in
         its pipe, so certainly never started: they are requeued, even the first.
         """
         slot = self.slots[index]
@@ -256,8 +264,10 @@ class StateMachine:
             self._move_task(task, TaskState.CANCELLED)
             return [Stopped(task_id)] + self._schedule()
         if task.state is TaskState.ASSIGNED:
-            task.stop_requested = True  # behind another task in its worker's pipe
-            return []
+            # Behind another task in its worker's pipe: take it back (if the worker has
+            # already read it, it is stopped when it starts).
+            task.stop_requested = True
+            return [Reclaim(next(s for s in self.slots if task_id in s.in_flight).index)]
         slot = next(s for s in self.slots if s.in_flight and s.in_flight[0] == task_id)
         return self._stop_running(slot)
 
@@ -288,10 +298,31 @@ class StateMachine:
                 actions.append(self._escalate(slot, Escalation.TERMINATED))
         return actions
 
+    def tasks_reclaimed(self, index: int, task_ids: list[int]) -> list[Action]:
+        """These tasks, the last ones sent to the slot (in send order), were taken back from
+        its pipe unread: they go back to the front of the queue (or end, if stopped)."""
+        slot = self.slots[index]
+        if not task_ids:
+            return []
+        if list(slot.in_flight)[-len(task_ids):] != task_ids:
+            raise InvalidTransition(f"slot {index} gave back {task_ids}, "
+                                    f"not the last of {list(slot.in_flight)}")
+        slot.assigned_count -= len(task_ids)
+        actions = self._requeue_in_flight(slot, len(task_ids))
+        if (slot.state is SlotState.RETIRING and not self._quota_used(slot)
+                and not slot.over_memory):
+            self._move_slot(slot, SlotState.READY)
+        return actions + self._schedule()
+
     def tick(self) -> list[Action]:
-        """Fire the task deadlines and escalation deadlines that have passed."""
+        """Fire the task deadlines and escalation deadlines that have passed, and take back
+        the tasks queued behind one that has run too long."""
         now = self._clock()
         actions: list[Action] = []
+        for slot, head, deadline in self._heads_with_followers():
+            if deadline <= now:
+                head.kept_alone = True
+                actions.append(Reclaim(slot.index))
         for slot, task in self._timed_running():
             if task.deadline is not None and task.deadline <= now:
                 task.deadline = None
@@ -311,6 +342,17 @@ class StateMachine:
         return [(s, self._tasks[s.in_flight[0]]) for s in self.slots
                 if s.in_flight and s.state in (SlotState.READY, SlotState.RETIRING)]
 
+    def _heads_with_followers(self) -> list[tuple[Slot, Task, float]]:
+        """Running tasks with tasks queued behind them that may still be taken back, and
+        when that is to be done."""
+        heads = []
+        for slot in self.slots:
+            if len(slot.in_flight) > 1 and slot.state in (SlotState.READY, SlotState.RETIRING):
+                head = self._tasks[slot.in_flight[0]]
+                if not head.kept_alone and head.started is not None:
+                    heads.append((slot, head, head.started + RECLAIM_AFTER_SECONDS))
+        return heads
+
     def _quota_used(self, slot: Slot) -> bool:
         return self._max_tasks is not None and slot.assigned_count >= self._max_tasks
 
@@ -328,19 +370,19 @@ class StateMachine:
             return FailTerminated(task.task_id, slot.index)
         return FailDied(task.task_id, slot.index)
 
-    def _requeue_in_flight(self, slot: Slot) -> list[Action]:
-        # Received by the worker but never started: safe to run elsewhere, ahead of the
-        # queue so that they keep their place; when terminating, they are cancelled instead.
+    def _requeue_in_flight(self, slot: Slot, count: int | None = None) -> list[Action]:
+        """Requeue the slot's last ``count`` tasks in flight (all by default)."""
+        # Sent to the worker but never started: safe to run elsewhere, ahead of the queue
+        # so that they keep their place; when terminating, they are cancelled instead.
         actions: list[Action] = []
-        for task_id in reversed(slot.in_flight):
-            task = self._tasks[task_id]
+        for _ in range(len(slot.in_flight) if count is None else count):
+            task = self._tasks[slot.in_flight.pop()]
             if self.terminating or task.stop_requested:
                 self._move_task(task, TaskState.CANCELLED)
-                actions.append(Stopped(task_id))
+                actions.append(Stopped(task.task_id))
             else:
                 self._move_task(task, TaskState.QUEUED)
-                self._queue.appendleft(task_id)
-        slot.in_flight.clear()
+                self._queue.appendleft(task.task_id)
         return actions
 
     def _break(self) -> list[Action]:
@@ -361,8 +403,9 @@ class StateMachine:
 
     def _assign(self) -> list[Action]:
         actions: list[Action] = []
+        now = self._clock()
         while self._queue:
-            slot = self._pick_slot(self._tasks[self._queue[0]].pipelinable)
+            slot = self._pick_slot(self._tasks[self._queue[0]].pipelinable, now)
             if slot is None:
                 break
             task = self._tasks[self._queue.popleft()]
@@ -377,21 +420,24 @@ class StateMachine:
                 self._move_task(task, TaskState.ASSIGNED)
         return actions
 
-    def _pick_slot(self, pipelinable: bool) -> Slot | None:
+    def _pick_slot(self, pipelinable: bool, now: float) -> Slot | None:
         """An idle READY slot, else (for a small task) the READY slot with the fewest tasks
-        in flight, below the pipeline depth, whose last task was short. (One pass: this runs
-        for every task.)"""
+        in flight, below the pipeline depth, whose last task was short and whose running
+        task is small and not running long. (One pass: this runs for every task.)"""
         best: Slot | None = None
         for slot in self.slots:
             if slot.state is not SlotState.READY:
                 continue
             if not slot.in_flight:
                 return slot
-            if (pipelinable and len(slot.in_flight) < self._depth
+            if (pipelinable and slot.pipelining and len(slot.in_flight) < self._depth
                     and slot.last_duration is not None
                     and slot.last_duration < SHORT_TASK_SECONDS
                     and (best is None or len(slot.in_flight) < len(best.in_flight))):
-                best = slot
+                head = self._tasks[slot.in_flight[0]]
+                if (head.pipelinable and not head.kept_alone and head.started is not None
+                        and now - head.started < RECLAIM_AFTER_SECONDS):
+                    best = slot
         return best
 
     def _spawn(self) -> list[Action]:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import signal
+from collections import deque
 
 import pytest
 
-from pool._state import (MAX_START_FAILURES, Broken, Cancel, DumpStack, Ending, Escalation,
-                         FailBroken, FailDied, FailMisbehaved, FailTerminated, FailTimedOut,
-                         InvalidTransition, Phase, Resolve, Send, Signal, SlotState, Spawn,
-                         StateMachine, Stop, Stopped, TaskState, Timeouts, Unreaped)
+from pool._state import (MAX_START_FAILURES, RECLAIM_AFTER_SECONDS, Broken, Cancel, DumpStack,
+                         Ending, Escalation, FailBroken, FailDied, FailMisbehaved,
+                         FailTerminated, FailTimedOut, InvalidTransition, Phase, Reclaim,
+                         Resolve, Send, Signal, SlotState, Spawn, StateMachine, Stop, Stopped,
+                         TaskState, Timeouts, Unreaped)
 
 
 class FakeClock:
@@ -328,14 +330,66 @@ def test_stopping_a_running_task_kills_its_worker_and_cancels_it():
     assert m.task_state(2) is TaskState.RUNNING  # the other worker's task is untouched
 
 
-def test_stopping_a_task_waiting_behind_another_stops_it_when_it_starts():
+def test_stopping_a_task_waiting_behind_another_takes_it_back():
+    m, _ = machine(1, pipeline_depth=3)
+    for task in (1, 2, 3):
+        m.submit(task, pipelinable=True)
+    start_warm(m, 0)
+    assert m.stop_task(2) == [Reclaim(0)]
+    assert m.tasks_reclaimed(0, [2, 3]) == [Stopped(2), Send(0, 3)]
+    assert m.task_state(2) is None and m.task_state(1) is TaskState.RUNNING
+
+
+def test_stopping_a_task_the_worker_already_read_stops_it_when_it_starts():
     m, _ = machine(1, pipeline_depth=2)
     m.submit(1, pipelinable=True), m.submit(2, pipelinable=True)
     start_warm(m, 0)
     assert m.task_state(2) is TaskState.ASSIGNED
-    assert m.stop_task(2) == []
+    assert m.stop_task(2) == [Reclaim(0)]
+    assert m.tasks_reclaimed(0, []) == []  # too late: it was read
     assert m.task_replied(0, 1) == [Resolve(1), Signal(0, signal.SIGKILL)]
     assert m.worker_exited(0) == [Stopped(2), Spawn(0)]
+
+
+def test_tasks_behind_one_that_runs_long_are_taken_back_once_and_run_elsewhere():
+    m, clock = machine(2, pipeline_depth=3)
+    for task in (1, 2, 3):
+        m.submit(task, pipelinable=True)
+    start_warm(m, 0)
+    assert list(m.slots[0].in_flight) == [1, 2, 3]
+    assert m.next_deadline() == clock.now + RECLAIM_AFTER_SECONDS
+    clock.now += RECLAIM_AFTER_SECONDS
+    assert m.tick() == [Reclaim(0)]
+    assert m.next_deadline() is None and m.tick() == []  # once per running task
+    assert m.tasks_reclaimed(0, [3]) == []  # the worker had read task 2 already
+    assert m.queued == [3]
+    assert start_warm(m, 1) == [Send(1, 3)]
+    m.submit(4, pipelinable=True)
+    assert m.slots[0].in_flight == deque([1, 2])  # not queued behind the long one again
+    with pytest.raises(InvalidTransition):
+        m.tasks_reclaimed(0, [1])  # only the last ones sent can come back
+
+
+def test_taking_back_every_task_sent_requeues_the_running_one_too():
+    m, _ = machine(1, pipeline_depth=2, max_tasks_per_child=2)
+    m.submit(1, pipelinable=True), m.submit(2, pipelinable=True)
+    start_warm(m, 0)
+    assert m.slots[0].state is SlotState.RETIRING  # its quota is used up by 1 and 2
+    assert m.tasks_reclaimed(0, [1, 2]) == [Send(0, 1), Send(0, 2)]  # it never read them
+    assert m.task_state(1) is TaskState.RUNNING and m.slots[0].assigned_count == 2
+
+
+def test_no_pipelining_behind_a_long_running_task_or_into_a_pipe_that_cannot_give_back():
+    m, clock = machine(2, pipeline_depth=3)
+    m.submit(1, pipelinable=True)
+    start_warm(m, 0)
+    clock.now += 2 * RECLAIM_AFTER_SECONDS
+    m.submit(2, pipelinable=True)
+    assert m.queued == [2]
+    m.slots[1].last_duration = 0.0
+    assert m.worker_ready(1, pipelining=False) == [Send(1, 2)]
+    m.submit(3, pipelinable=True)
+    assert m.queued == [3]
 
 
 def test_stopping_a_task_that_timed_out_reports_the_timeout():

@@ -2,8 +2,8 @@
 
 A small simulated dispatcher owns fake worker processes and feeds the machine every event
 a real one could produce, in random order: submissions (some with timeouts), READY,
-replies, deaths (with tasks left unread), cancellations and failed writes discovered at
-send time, garbage, over-memory reports, stop requests, shutdown, terminate / kill, and the
+replies, deaths (with tasks left unread), tasks taken back from a pipe, cancellations and
+failed writes discovered at send time, garbage, over-memory reports, stop requests, shutdown, terminate / kill, and the
 passing of time (which fires timeouts and escalation; a process given up on is dropped, as
 the dispatcher does). Whatever happens, the machine must accept it, end every task
 exactly once, and close once everything is done.
@@ -65,6 +65,13 @@ class World:
                 self.end(action.task_id, type(action).__name__)
             elif isinstance(action, (act.Stop, act.Signal, act.DumpStack)):
                 assert action.slot in self.alive, f"{action} for a slot with no process"
+            elif isinstance(action, act.Reclaim):
+                # The worker may have read any number of them already; rarely none at all.
+                assert action.slot in self.alive, f"{action} for a slot with no process"
+                in_flight = list(self.machine.slots[action.slot].in_flight)
+                lowest = 0 if self.rng.random() < 0.1 else 1
+                count = self.rng.randint(0, max(0, len(in_flight) - lowest))
+                work += self.machine.tasks_reclaimed(action.slot, in_flight[len(in_flight) - count:])
             elif isinstance(action, act.Unreaped):
                 assert action.slot in self.alive
                 del self.alive[action.slot]  # the dispatcher abandons it and says so
@@ -103,7 +110,7 @@ class World:
         elif choice == "ready":
             slot = rng.choice(starting)
             self.alive[slot]["ready"] = True
-            self.perform(m.worker_ready(slot))
+            self.perform(m.worker_ready(slot, pipelining=rng.random() < 0.8))
         elif choice == "reply":
             slot = rng.choice(busy)
             self.perform(m.task_replied(slot, m.slots[slot].in_flight[0]))
@@ -119,7 +126,7 @@ class World:
             self.shut = True
             self.perform(m.terminate(rng.choice([signal.SIGTERM, signal.SIGKILL])))
         else:
-            self.clock.now += rng.choice([0.1, 1, 4])
+            self.clock.now += rng.choice([0.001, 0.1, 1, 4])
             self.perform(m.tick())
 
     def die(self, slot):
