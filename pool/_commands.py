@@ -13,6 +13,7 @@ from typing import Any, Union
 
 from ._errors import TaskInfo
 from ._futures import PoolFuture
+from ._wire import Buffers
 
 
 @dataclass(eq=False)
@@ -21,7 +22,7 @@ class TaskRecord:
 
     info: TaskInfo
     future: PoolFuture
-    body: bytes              # the CALL frame's body
+    body: Buffers            # the CALL frame's body
     timeout: float | None    # seconds it may run, from the moment it starts
     marked_running: bool = False
     outcome: tuple[bool, Any] | None = None

@@ -15,11 +15,12 @@
  (own threads)                                      TaskTimeout, WorkerTerminated)
                                    fire_deadlines  (task timeouts → DumpStack;    DUMP_SIGNAL:
                                                     escalation; lingering groups)  stack → exit
-                                   flush_sends     (WorkerHandle.flush: one
-                                                    writev per worker per turn)
+                                   flush_sends     (WorkerHandle.flush: a packet
+                                                    per small frame; a thread
+                                                    writes a large one)
                                    _perform(actions of the StateMachine:        _watch_parent:
                                      Spawn, Send, Resolve, Fail*, Stopped,        lifeline hang-up
-                                     Stop, Signal, DumpStack, Unreaped)           → killpg, exit
+                                     Reclaim, Stop, Signal, DumpStack, Unreaped)  → killpg, exit
 
 Owns: the ``StateMachine``, the task records, one ``WorkerHandle`` per live worker, the
 pool's lifeline pipe, and the wakeup handle.
@@ -75,15 +76,15 @@ logger = logging.getLogger("pool")
 _dispatcher_numbers = itertools.count(1)
 
 # Small tasks in flight per worker (see _state.SHORT_TASK_SECONDS for when more than one):
-# with more, a worker finds its next task in its pipe instead of waiting for a round trip
-# (measured: 17k -> 25k no-op tasks/s at 8). Off (1) until workers can hand back tasks they
-# have not started: a task queued behind one that hangs cannot move to an idle worker,
-# so it would wait as long as the hung one (the crash table's partial-frame row showed it).
-PIPELINE_DEPTH = 1
-# Frames this small can wait in a worker's pipe behind a running task: the most that can
-# wait, (PIPELINE_DEPTH - 1) of them, stays well under a pipe's 64 KiB (Linux), so writing
-# them never blocks the dispatcher while the worker is busy.
-PIPELINE_MAX_BYTES = 4 * 1024
+# a worker finds its next task in its pipe instead of waiting for a round trip (measured:
+# about twice the no-op tasks/s of 1). Those queued behind a task that runs long are taken
+# back from the pipe (_state.RECLAIM_AFTER_SECONDS) and run elsewhere, so a task that hangs
+# holds up no other. Where pipes have no packet mode (not Linux) it is 1 whatever this says.
+PIPELINE_DEPTH = 8
+# Frames this small can wait in a worker's pipe behind a running task: one packet each, so
+# the most that can wait (PIPELINE_DEPTH - 1 packets) fits in the pipe and writing them
+# never blocks the dispatcher.
+PIPELINE_MAX_BYTES = _wire.PACKET_BODY
 
 
 # While a worker's process group still has running members after the worker's exit, the
@@ -148,7 +149,7 @@ class Dispatcher:
         if _exit.interpreter_exiting:
             raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
-    def submit(self, make_info: Callable[[int], TaskInfo], body: bytes,
+    def submit(self, make_info: Callable[[int], TaskInfo], body: _wire.Buffers,
                timeout: float | None = None) -> PoolFuture:
         """Queue one encoded call (caller thread). Raises if the pool cannot take it."""
         future = PoolFuture()
@@ -237,8 +238,7 @@ class Dispatcher:
         asked to stop from seeing end of file (task pipes)."""
         fds = [self._lifeline[1]] if self._lifeline is not None else []
         for worker in list(self._workers.values()):
-            if worker.task_fd is not None:
-                fds.append(worker.task_fd)
+            fds += worker.task_pipe_fds()
         for fd in fds:
             try:
                 os.close(fd)
@@ -303,7 +303,7 @@ class Dispatcher:
                 record = command.record
                 self._tasks[record.info.task_id] = record
                 self._perform(self._machine.submit(
-                    record.info.task_id, pipelinable=len(record.body) <= PIPELINE_MAX_BYTES,
+                    record.info.task_id, pipelinable=_wire.size_of(record.body) <= PIPELINE_MAX_BYTES,
                     timeout=record.timeout))
             elif isinstance(command, Shutdown):
                 self._perform(self._machine.shutdown(cancel_futures=command.cancel_futures))
@@ -372,7 +372,8 @@ class Dispatcher:
         if frame.kind is Kind.READY:
             if machine_slot.state is not _state.SlotState.STARTING:
                 return machine_slot.state is _state.SlotState.STOPPING
-            self._perform(self._machine.worker_ready(slot))
+            self._perform(self._machine.worker_ready(
+                slot, pipelining=worker.reclaim_fd is not None))
         elif frame.kind is Kind.INIT_FAILED:
             worker.start_error = _wire.decode_exception(frame.body)
         elif frame.kind is Kind.OVER_MEMORY:
@@ -415,17 +416,20 @@ class Dispatcher:
         self._perform(self._machine.worker_exited(slot, unstarted=unstarted), death=ended)
 
     def _count_unstarted(self, slot: int, unread: int) -> int:
-        """How many of the tasks last sent to a dead worker it never finished reading.
+        """How many of the tasks last sent to a dead worker it never read at all.
 
         A worker can die just after sending a reply, when the dispatcher has already
         written it the next task: bytes left in its task pipe prove that task never ran.
+        A frame it read in part counts as started: a worker unpickles a large call as it
+        reads it, so user code (reducers) may have run, perhaps the code that killed it;
+        sent again, it would kill worker after worker.
         """
         count, later_frames = 0, 0
         for task_id in reversed(self._machine.slots[slot].in_flight):
-            if unread <= later_frames:
+            later_frames += _wire.HEADER.size + _wire.size_of(self._tasks[task_id].body)
+            if unread < later_frames:
                 break
             count += 1
-            later_frames += _wire.HEADER.size + len(self._tasks[task_id].body)
         return count
 
     # -- actions -------------------------------------------------------------------------------
@@ -467,6 +471,8 @@ class Dispatcher:
             self._tasks.pop(action.task_id).future._end_cancelled()
         elif isinstance(action, _state.Spawn):
             return self._spawn(action.slot)
+        elif isinstance(action, _state.Reclaim):
+            return self._machine.tasks_reclaimed(action.slot, self._workers[action.slot].reclaim())
         elif isinstance(action, _state.Stop):
             self._workers[action.slot].close_task_pipe()
         elif isinstance(action, _state.Signal):
@@ -502,14 +508,23 @@ class Dispatcher:
         return []
 
     def flush_sends(self) -> None:
-        """Write every frame queued this turn, one system call per worker where possible
-        (so replies read in one batch are answered in one batch)."""
-        while pending := [(slot, w) for slot, w in self._workers.items() if w.outbox]:
+        """Write every frame queued this turn (so replies read in one batch are answered in
+        one batch), after collecting the threads that finished writing a large frame."""
+        for slot, worker in list(self._workers.items()):
+            failed = worker.collect_writer()
+            if failed is not None and failed >= 0:
+                self._perform(self._machine.send_failed(slot, failed))
+        while pending := [(slot, w) for slot, w in self._workers.items()
+                          if w.outbox and w.writer is None]:
             for slot, worker in pending:
                 # Not written: the worker died before reading them, so they never started;
                 # its sentinel follows. Requeued last-first, so that they keep their order.
                 for task_id in reversed(worker.flush()):
                     self._perform(self._machine.send_failed(slot, task_id))
+
+    def _wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.wake()
 
     def _spawn(self, slot: int) -> list[_state.Action]:
         assert self._lifeline is not None
@@ -521,7 +536,8 @@ class Dispatcher:
             self._workers[slot] = WorkerHandle.start(
                 self._ctx, f"{self.name}-worker-{slot}", lifeline_fd=self._lifeline[0],
                 initializer=self._initializer, max_tasks=self._max_tasks,
-                max_memory=self._max_memory, inherited_fds=inherited)
+                max_memory=self._max_memory, inherited_fds=inherited,
+                on_write_done=self._wake)
         except Exception as exc:
             self._start_failures.spawn_raised(exc)
             return self._machine.spawn_failed(slot)

@@ -120,9 +120,9 @@ class ProcessPool(Executor):
         if initializer is not None:
             # Pickled here, so that a bad initializer fails in the constructor, not in a
             # worker, and a lambda or __main__ function works under spawn too.
-            encoded_initializer = _wire.encode_call(
+            encoded_initializer = b"".join(_wire.encode_call(
                 _wire.dumps_callable(initializer),
-                _wire.dumps_arguments(initializer, tuple(initargs), {}))
+                _wire.dumps_arguments(initializer, tuple(initargs), {})))
         self._max_workers = max_workers
         self._mp_context = mp_context
         self._dispatcher = Dispatcher(max_workers=max_workers, mp_context=mp_context,

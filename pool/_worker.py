@@ -153,7 +153,7 @@ def _run_initializer(encoded: bytes, reply_fd: int) -> bool:
     try:
         fn_blob, args_blob = _wire.decode_call(encoded)
         initializer = pickle.loads(fn_blob)
-        args, kwargs = pickle.loads(args_blob)
+        args, kwargs = _wire.load_arguments(args_blob)
         initializer(*args, **kwargs)
     except BaseException as exc:
         _drop_own_frame(exc)
@@ -173,8 +173,8 @@ class _FunctionCache:
         self._size = size
         self._entries: OrderedDict[bytes, Callable[..., Any]] = OrderedDict()
 
-    def get(self, blob: memoryview) -> Callable[..., Any]:
-        key = blob.tobytes()
+    def get(self, blob: bytes | memoryview) -> Callable[..., Any]:
+        key = bytes(blob)
         fn = self._entries.get(key)
         if fn is None:
             fn = pickle.loads(key)
@@ -192,6 +192,7 @@ def _serve(task_fd: int, reply_fd: int, max_tasks: int | None, max_memory: int |
     memory = _ResidentMemory() if max_memory is not None else None
     completed = 0
     stream = _wire.FrameStream(task_fd)
+    room = _wire.PipeRoom(reply_fd)
     while max_tasks is None or completed < max_tasks:
         frame = stream.next()
         if frame is None:
@@ -205,7 +206,9 @@ def _serve(task_fd: int, reply_fd: int, max_tasks: int | None, max_memory: int |
             if resident > max_memory:  # before the reply, so no further task is sent
                 _wire.write_frame(reply_fd, Kind.OVER_MEMORY, _current_task_id,
                                   resident.to_bytes(8, "big"))
+        room.fit(_wire.size_of(body))
         _wire.write_frame(reply_fd, kind, _current_task_id, body)
+        del body
         completed += 1
 
 
@@ -226,11 +229,15 @@ class _ResidentMemory:
         return peak if sys.platform == "darwin" else peak * 1024
 
 
-def _run_call(functions: _FunctionCache, body: bytes | bytearray) -> tuple[Kind, bytes]:
+def _run_call(functions: _FunctionCache, body: Any) -> tuple[Kind, bytes | _wire.Buffers]:
     try:
-        fn_blob, args_blob = _wire.decode_call(body)
-        fn = functions.get(fn_blob)
-        args, kwargs = pickle.loads(args_blob)
+        try:
+            fn_blob, args_source = _wire.decode_call(body)
+            fn = functions.get(fn_blob)
+            args, kwargs = _wire.load_arguments(args_source)
+        finally:
+            if isinstance(body, _wire.BodyReader):
+                body.skip_rest()  # whatever happened, the next frame starts after this one
     except BaseException as exc:
         exc.add_note("(raised while unpickling the task's function or arguments in the worker)")
         return Kind.RAISED, _wire.encode_exception(exc)

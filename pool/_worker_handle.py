@@ -1,10 +1,15 @@
 """The parent's handle on one worker process: start it, talk to it, end it.
 
-Owns: for one worker, its ``Process`` object and the parent's ends of its four
-descriptors: task pipe (write), reply pipe (read, non-blocking), crash-report file, and
-the process sentinel.
+Owns: for one worker, its ``Process`` object and the parent's ends of its descriptors: task
+pipe (write; and on Linux a read end too, to take back tasks the worker has not read),
+reply pipe (read, non-blocking), crash-report file, and the process sentinel; and the
+thread that writes a large frame, while one does.
 Runs in: the dispatcher thread only.
-Guarantees: ``start`` leaves no descriptor open when starting fails; ``finish`` kills the
+Guarantees: the dispatcher never blocks writing to a worker: small frames always fit in the
+pipe, and a large one is written by a thread of its own (a worker may stop reading in the
+middle of one: it runs user code while it unpickles); ``reclaim`` takes back exactly the
+tasks the worker has not read; ``start`` leaves no descriptor open when starting fails;
+``finish`` kills the
 worker's process group before reaping (while the unreaped leader still pins the group id),
 reaps it, reads its crash report, closes every descriptor (so nothing accumulates over any
 number of deaths) and says which members of its group are still running, if any;
@@ -19,7 +24,8 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any, NamedTuple
+import threading
+from typing import Any, Callable, NamedTuple
 
 from . import _teardown, _wire
 from ._wire import Frame, FrameReader, Kind
@@ -28,6 +34,17 @@ from ._worker import DUMP_SIGNAL, InheritedFd, WorkerSetup, worker_main
 # How long a worker whose sentinel fired may take to become reapable: the sentinel can
 # report the exit a moment before the kernel lets the process be reaped.
 _REAP_SECONDS = 5.0
+
+# Frames larger than this are written by a thread of their own. Smaller ones are written by
+# the dispatcher: they are sent only to a worker with nothing else in its pipe (or, one
+# packet each, behind small ones), so they always fit and the write never blocks.
+BACKGROUND_FRAME_BYTES = 32 << 10
+# A task pipe smaller than this (the user is over pipe-user-pages-soft) gets no packets
+# queued behind the running one: they might not fit.
+_PACKET_PIPE_BYTES = 64 << 10
+# How long the release of a dead worker waits for the thread writing it a frame to see
+# that (at once, unless another process holds the pipe's read end).
+_WRITER_JOIN_SECONDS = 1.0
 
 
 class Exit(NamedTuple):
@@ -39,26 +56,96 @@ class Exit(NamedTuple):
     group_left: tuple[int, ...] = ()  # processes of its group still running after its reap
 
 
+class _FrameWriter:
+    """Writes one large frame from a thread, through a descriptor of its own (so the
+    dispatcher may close its own at any time), in stream mode (a large frame moves faster
+    than as 4 KiB packets). The dispatcher collects it (``done``) before writing again, so
+    the pipe is back in packet mode before the next frame."""
+
+    def __init__(self, fd: int, task_id: int, body: _wire.Buffers, packets: bool,
+                 on_done: Callable[[], None]) -> None:
+        self.task_id = task_id
+        body_bytes = _wire.size_of(body)
+        self.unwritten = _wire.HEADER.size + body_bytes
+        self.failed = False
+        self.done = False
+        self._fd: int | None = os.dup(fd)
+        self._packets = packets
+        self._parts = [_wire.HEADER.pack(_wire.MAGIC, Kind.CALL, task_id, body_bytes), *body]
+        self._on_done = on_done
+        self._thread = threading.Thread(target=self._run, name=f"pool-writer-{task_id}",
+                                        daemon=True)
+        if packets:
+            _wire.set_packet_mode(self._fd, False)
+        self._thread.start()
+
+    @property
+    def fds(self) -> list[int]:
+        fd = self._fd  # None once the thread is closing it
+        return [] if fd is None else [fd]
+
+    def _run(self) -> None:
+        parts, fd = self._parts, self._fd
+        assert fd is not None
+        try:
+            _wire._write_all(fd, parts)
+        except OSError:
+            self.failed = True  # the worker is gone (or closed its end): it never got it all
+        finally:
+            self.unwritten = sum(map(len, parts))
+            self._parts = []
+            if self._packets:
+                _wire.set_packet_mode(fd, True)
+            self._fd = None
+            _teardown.close_fds(fd)
+            self.done = True
+            self._on_done()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the thread; it ends at once when the worker is gone, unless another
+        process holds the pipe's read end. False if it still writes (it is left to end
+        on its own)."""
+        self._thread.join(timeout)
+        return self.done
+
+
 class WorkerHandle:
-    def __init__(self, process: Any, task_fd: int, reply_fd: int, crash_fd: int) -> None:
+    def __init__(self, process: Any, task_fd: int, reply_fd: int, crash_fd: int,
+                 reclaim_fd: int | None, on_write_done: Callable[[], None]) -> None:
         self.process = process
         self.pid: int = process.pid
         self.sentinel: int = process.sentinel
         self.task_fd: int | None = task_fd
+        # A read end of the task pipe, in packet mode: frames the worker has not read can be
+        # taken back. None where pipes have no packet mode (then nothing waits in the pipe
+        # behind the running task).
+        self.reclaim_fd = reclaim_fd
         self.reader = FrameReader(reply_fd)
         self.crash_fd = crash_fd
         self.start_error: BaseException | None = None  # from an INIT_FAILED frame
-        self.outbox: list[tuple[int, bytes]] = []      # CALL frames queued this turn
+        self.outbox: list[tuple[int, _wire.Buffers]] = []  # CALL frames queued this turn
+        self.room = _wire.PipeRoom(task_fd)
+        self.writer: _FrameWriter | None = None  # writing a large frame, in a thread
+        self._on_write_done = on_write_done
 
     @classmethod
     def start(cls, ctx: Any, name: str, *, lifeline_fd: int, initializer: bytes | None,
               max_tasks: int | None, max_memory: int | None,
-              inherited_fds: tuple[int, ...] | None) -> WorkerHandle:
-        """Start a worker process. ``inherited_fds`` is None unless the context forks."""
+              inherited_fds: tuple[int, ...] | None,
+              on_write_done: Callable[[], None]) -> WorkerHandle:
+        """Start a worker process. ``inherited_fds`` is None unless the context forks.
+        ``on_write_done`` is called (from another thread) when a large frame is written."""
         task_r, task_w = os.pipe()
+        reclaim_fd = None
+        if (_wire.pipe_capacity(task_w) or 0) >= _PACKET_PIPE_BYTES:
+            reclaim_fd = _wire.second_reader(task_r)
+            if reclaim_fd is not None and not _wire.set_packet_mode(task_w, True):
+                _teardown.close_fds(reclaim_fd)
+                reclaim_fd = None
         reply_r, reply_w = os.pipe()
         crash_fd = _teardown.make_crash_file()
-        to_close = () if inherited_fds is None else (task_w, reply_r, *inherited_fds)
+        to_close = () if inherited_fds is None else (
+            task_w, reply_r, *([] if reclaim_fd is None else [reclaim_fd]), *inherited_fds)
         setup = WorkerSetup(task_fd=InheritedFd(task_r), reply_fd=InheritedFd(reply_w),
                             lifeline_fd=InheritedFd(lifeline_fd), crash_fd=InheritedFd(crash_fd),
                             initializer=initializer, max_tasks=max_tasks,
@@ -67,31 +154,74 @@ class WorkerHandle:
         try:
             process.start()
         except BaseException:
-            _teardown.close_fds(task_w, reply_r, crash_fd)
+            _teardown.close_fds(task_w, reply_r, crash_fd,
+                                *([] if reclaim_fd is None else [reclaim_fd]))
             raise
         finally:
             _teardown.close_fds(task_r, reply_w)  # the child's ends (it has its own copies)
         os.set_blocking(reply_r, False)
-        return cls(process, task_w, reply_r, crash_fd)
+        return cls(process, task_w, reply_r, crash_fd, reclaim_fd, on_write_done)
 
     def parent_fds(self) -> list[int]:
         fds = [self.reader.fd, self.crash_fd, self.sentinel]
-        return fds + ([self.task_fd] if self.task_fd is not None else [])
+        return fds + self.task_pipe_fds()
 
-    def send(self, task_id: int, body: bytes) -> None:
+    def task_pipe_fds(self) -> list[int]:
+        """The parent's descriptors of the task pipe (a forked child must close them all,
+        or the worker would not see end of file when asked to stop)."""
+        fds = [fd for fd in (self.task_fd, self.reclaim_fd) if fd is not None]
+        return fds + (self.writer.fds if self.writer is not None else [])
+
+    def send(self, task_id: int, body: _wire.Buffers) -> None:
         """Queue one CALL frame; ``flush`` writes what was queued."""
         assert self.task_fd is not None, "sending to a worker asked to stop"
         self.outbox.append((task_id, body))
 
     def flush(self) -> list[int]:
-        """Write the queued frames in one go; returns the ids of those that could not be
-        written because the worker is gone (it never got them)."""
-        frames, self.outbox = self.outbox, []
-        if not frames:
+        """Write the queued frames; returns the ids of those that could not be written
+        because the worker is gone (it never got them). A large frame is handed to a
+        thread (see ``collect_writer``); while one is being written, frames wait here."""
+        if not self.outbox or self.writer is not None:
             return []
+        frames, self.outbox = self.outbox, []
         assert self.task_fd is not None
-        written = _wire.write_frames(self.task_fd, Kind.CALL, frames)
+        size = sum(_wire.HEADER.size + _wire.size_of(body) for _, body in frames)
+        self.room.fit(size)
+        if size > BACKGROUND_FRAME_BYTES:
+            # Sent only to a worker with nothing else in flight, so it is alone.
+            assert len(frames) == 1, "a large frame with others behind it"
+            self.writer = _FrameWriter(self.task_fd, *frames[0], self.reclaim_fd is not None,
+                                       self._on_write_done)
+            return []
+        if self.reclaim_fd is None:
+            written = _wire.write_frames(self.task_fd, Kind.CALL, frames)
+        else:  # one write per frame: one packet each
+            written = 0
+            for frame in frames:
+                if _wire.write_frames(self.task_fd, Kind.CALL, [frame]) == 0:
+                    break
+                written += 1
         return [task_id for task_id, _ in frames[written:]]
+
+    def collect_writer(self) -> int | None:
+        """If the thread writing a large frame has finished: the task id, if the frame could
+        not be written whole (the worker is gone), else -1. None while it still writes."""
+        writer = self.writer
+        if writer is None or not writer.done:
+            return None
+        writer.join()
+        self.writer = None
+        return writer.task_id if writer.failed else -1
+
+    def reclaim(self) -> list[int]:
+        """Take back the tasks the worker has not read, with those not yet written; their
+        ids in the order they were sent."""
+        taken = []
+        if self.reclaim_fd is not None and self.writer is None:
+            taken = [task_id for _, task_id in _wire.read_packets(self.reclaim_fd)]
+        taken += [task_id for task_id, _ in self.outbox]
+        self.outbox = []
+        return taken
 
     def read(self) -> list[Frame]:
         """The frames that have arrived; see ``reader.eof`` and ``reader.error`` after."""
@@ -107,9 +237,10 @@ class WorkerHandle:
     def close_task_pipe(self) -> None:
         """Ask the worker to stop: it exits when it reads end of file."""
         assert not self.outbox, "closing a task pipe with frames not yet written"
-        if self.task_fd is not None:
-            _teardown.close_fds(self.task_fd)
-            self.task_fd = None
+        for fd in (self.task_fd, self.reclaim_fd):
+            if fd is not None:
+                _teardown.close_fds(fd)
+        self.task_fd = self.reclaim_fd = None
 
     def signal(self, signum: int) -> None:
         _teardown.signal_worker(self.pid, signum)
@@ -144,8 +275,15 @@ class WorkerHandle:
 
     def _release(self, exitcode: int | None, group_left: tuple[int, ...]) -> Exit:
         unread = _teardown.unread_bytes(self.task_fd) if self.task_fd is not None else 0
+        if self.writer is not None:
+            # With our read end closed too, no reader is left: the thread sees EPIPE.
+            if self.reclaim_fd is not None:
+                _teardown.close_fds(self.reclaim_fd)
+                self.reclaim_fd = None
+            writer, self.writer = self.writer, None
+            unread += writer.unwritten if writer.join(_WRITER_JOIN_SECONDS) else 1
         # Frames still queued were never written: as good as unread (they come last).
-        unread += sum(_wire.HEADER.size + len(body) for _, body in self.outbox)
+        unread += sum(_wire.HEADER.size + _wire.size_of(body) for _, body in self.outbox)
         self.outbox = []
         crash_report = _teardown.read_crash_report(self.crash_fd)
         self.close_task_pipe()

@@ -77,6 +77,7 @@ EFFECTS = {
     "sigkill": sigkill_self,
     "raise": lambda: raise_value_error("effect"),
     "systemexit": lambda: exec("raise SystemExit('effect')"),
+    "hang": lambda: time.sleep(60),
 }
 
 

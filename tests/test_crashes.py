@@ -19,6 +19,10 @@ DEATHS = {"segfault": ("SIGSEGV", "Segmentation fault"), "abort": ("SIGABRT", "A
 ROWS = {
     **{f"receive-{e}": f"p.submit(tasks.take_argument, tasks.UnpickleBomb({e!r}, os.getpid()))"
        for e in [*DEATHS, "raise"]},
+    # A large call is unpickled as it is read: the fault strikes with megabytes unread.
+    **{f"receive-large-{e}": "p.submit(tasks.take_argument, (b'a' * (4 << 20), "
+       f"tasks.UnpickleBomb({e!r}, os.getpid()), b'b' * (4 << 20)))"
+       for e in [*DEATHS, "raise"]},
     **{f"run-{e}": f"p.submit(tasks.do_effect, {e!r})" for e in [*DEATHS, "raise"]},
     **{f"reply-{e}": f"p.submit(tasks.return_pickle_bomb, {e!r})"
        for e in [*DEATHS, "raise", "systemexit"]},
@@ -100,7 +104,7 @@ def _row(table, method, row):
 
 
 @pytest.mark.parametrize("method", START_METHODS)
-@pytest.mark.parametrize("stage", ["receive", "run", "reply"])
+@pytest.mark.parametrize("stage", ["receive", "receive-large", "run", "reply"])
 @pytest.mark.parametrize("effect", list(DEATHS))
 def test_a_death_fails_only_its_task_with_an_explanation(table, method, stage, effect):
     outcome = _row(table, method, f"{stage}-{effect}")
@@ -111,13 +115,14 @@ def test_a_death_fails_only_its_task_with_an_explanation(table, method, stage, e
     assert outcome["exitcode"] == (3 if effect == "exit" else -{"SIGSEGV": 11, "SIGABRT": 6,
                                                                "SIGKILL": 9}[signal_name])
     assert f"worker pid {outcome['pid']} died" in outcome["text"]
-    task = {"receive": "take_argument", "run": "do_effect", "reply": "return_pickle_bomb"}[stage]
+    task = {"receive": "take_argument", "receive-large": "take_argument", "run": "do_effect",
+            "reply": "return_pickle_bomb"}[stage]
     assert outcome["task_name"] == f"tasks.{task}"
     assert f"tasks.{task}(" in outcome["text"]
     if fatal_error:  # the Python stack of the crash site, written while dying
         assert f"Fatal Python error: {fatal_error}" in outcome["crash_report"]
-        site = {"receive": "_detonate_on_unpickle", "run": "do_effect",
-                "reply": "__reduce__"}[stage]
+        site = {"receive": "_detonate_on_unpickle", "receive-large": "_detonate_on_unpickle",
+                "run": "do_effect", "reply": "__reduce__"}[stage]
         assert f"in {site}" in outcome["crash_report"]
         assert outcome["crash_report"] in outcome["text"]
     elif effect == "sigkill":
@@ -128,8 +133,9 @@ def test_a_death_fails_only_its_task_with_an_explanation(table, method, stage, e
 
 
 @pytest.mark.parametrize("method", START_METHODS)
-def test_raise_while_unpickling_arguments_in_the_worker(table, method):
-    outcome = _row(table, method, "receive-raise")
+@pytest.mark.parametrize("row", ["receive-raise", "receive-large-raise"])
+def test_raise_while_unpickling_arguments_in_the_worker(table, method, row):
+    outcome = _row(table, method, row)
     assert outcome["type"] == "ValueError" and outcome["text"] == "effect"
     assert any("unpickling the task's function or arguments" in n for n in outcome["notes"])
 

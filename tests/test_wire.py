@@ -52,7 +52,7 @@ def test_a_large_body_is_read_into_its_own_buffer_without_blocking(pipe):
     while not frames:
         frames = reader.read_available()  # returns whenever the pipe is empty
     writer.join()
-    assert frames[0].body == body
+    assert bytes(frames[0].body) == body
 
 
 def test_end_of_file_mid_frame_is_eof_not_a_frame(pipe):
@@ -84,7 +84,7 @@ def test_a_call_frame_from_a_worker_is_garbage(pipe):
 def test_blocking_frame_stream_round_trip(pipe):
     read_end, write_end = pipe
     os.set_blocking(read_end, True)
-    _wire.write_frame(write_end, Kind.CALL, 3, _wire.encode_call(b"fn", b"args"))
+    _wire.write_frame(write_end, Kind.CALL, 3, _wire.encode_call(b"fn", [b"args"]))
     stream = _wire.FrameStream(read_end)
     frame = stream.next()
     assert frame.kind is Kind.CALL and frame.task_id == 3
@@ -117,7 +117,7 @@ def test_exceptions_travel_with_frames_and_chain():
 def test_an_unsendable_result_is_reported_by_type():
     kind, body = _wire.encode_result(threading.Lock())
     assert kind is Kind.UNSENDABLE
-    ok, error = _wire.decode_outcome(Frame(kind, 1, body))
+    ok, error = _wire.decode_outcome(Frame(kind, 1, b"".join(body)))
     assert not ok and isinstance(error, pool.ResultTransferError)
     assert error.type_name == "lock" and "pickle" in error.reason
 
@@ -141,17 +141,21 @@ def test_a_frame_too_large_for_memory_is_an_error_not_a_crash(pipe):
 def test_write_frames_writes_them_all_and_the_stream_reads_them_back():
     read_fd, write_fd = os.pipe()
     try:
-        frames = [(1, b"a" * 10), (2, b""), (3, b"c" * 300)]
+        frames = [(1, [b"a" * 10]), (2, []), (3, [b"c" * 100, b"d" * 200])]
         assert _wire.write_frames(write_fd, Kind.CALL, frames) == 3
-        big = bytes(range(256)) * 1024  # larger than one read: read into its own buffer
+        big = bytes(range(256)) * 1024  # larger than one read: left in the pipe, as a file
         writer = threading.Thread(target=_wire.write_frames,
-                                  args=(write_fd, Kind.CALL, [(4, big)]))
+                                  args=(write_fd, Kind.CALL, [(4, [big]), (5, [b"after"])]))
         writer.start()
         stream = _wire.FrameStream(read_fd)
-        got = [stream.next() for _ in range(4)]
+        got = [(f.task_id, bytes(f.body)) for f in (stream.next() for _ in range(3))]
+        large = stream.next()
+        assert isinstance(large.body, _wire.BodyReader) and large.task_id == 4
+        assert large.body.read(10) == big[:10] and large.body.read() == big[10:]
+        assert bytes(stream.next().body) == b"after"
         writer.join(10)
         os.close(write_fd)
-        assert [(f.task_id, bytes(f.body)) for f in got] == frames + [(4, big)]
+        assert got == [(i, b"".join(parts)) for i, parts in frames]
         assert stream.next() is None  # end of file between frames
     finally:
         os.close(read_fd)
@@ -161,7 +165,7 @@ def test_write_frames_reports_how_many_reached_a_reader_that_went_away():
     read_fd, write_fd = os.pipe()
     os.close(read_fd)
     try:
-        assert _wire.write_frames(write_fd, Kind.CALL, [(1, b"x"), (2, b"y")]) == 0
+        assert _wire.write_frames(write_fd, Kind.CALL, [(1, [b"x"]), (2, [b"y"])]) == 0
     finally:
         os.close(write_fd)
 
@@ -175,3 +179,109 @@ def test_the_stream_refuses_a_truncated_header():
             _wire.FrameStream(read_fd).next()
     finally:
         os.close(read_fd)
+
+
+def test_a_large_bytes_argument_is_pickled_without_a_copy_and_a_bytearray_as_it_was():
+    big = os.urandom(1 << 20)
+    assert any(part is big for part in _wire.dumps_arguments(len, (big,), {}))
+    mutable = bytearray(1 << 20)
+    parts = _wire.dumps_arguments(len, (mutable,), {})
+    mutable[:4] = b"late"  # after submit: the task must still get what was submitted
+    (sent,), _ = pickle.loads(b"".join(parts))
+    assert sent == bytearray(1 << 20)
+
+
+def test_a_large_result_is_written_from_the_object_itself():
+    big = os.urandom(1 << 20)
+    kind, parts = _wire.encode_result([big, "x"])
+    assert kind is Kind.RESULT and any(part is big for part in parts)
+    # A buffer of wider items is written as flat bytes (writev and the frame length agree).
+    wide = pickle.PickleBuffer(__import__("array").array("i", range(1 << 18)))
+    kind, parts = _wire.encode_result(wide)
+    assert _wire.size_of(parts) == len(b"".join(parts)) > (1 << 20)
+    assert bytes(pickle.loads(b"".join(parts))) == bytes(wide.raw())
+
+
+def test_a_large_call_is_unpickled_from_the_pipe_and_the_next_frame_follows_it():
+    read_fd, write_fd = os.pipe()
+    big = os.urandom(3 << 20)
+    calls = [_wire.encode_call(_wire.dumps_callable(len), _wire.dumps_arguments(len, a, {}))
+             for a in [(big,), ("small",)]]
+    writer = threading.Thread(target=_wire.write_frames,
+                              args=(write_fd, Kind.CALL, list(enumerate(calls))))
+    writer.start()
+    try:
+        stream = _wire.FrameStream(read_fd)
+        loaded = []
+        for _ in calls:
+            fn_blob, source = _wire.decode_call(stream.next().body)
+            loaded.append((pickle.loads(fn_blob), _wire.load_arguments(source)))
+        assert loaded == [(len, ((big,), {})), (len, (("small",), {}))]
+    finally:
+        writer.join(10)
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+class FailsToUnpickle:
+    def __reduce__(self):
+        return int, ("fails-to-unpickle",)
+
+
+def test_a_large_call_that_fails_to_unpickle_is_skipped_to_its_end():
+    from pool import _worker
+    read_fd, write_fd = os.pipe()
+    # Unpickling stops at the middle argument, with a megabyte of the body still unread.
+    bad = (os.urandom(1 << 20), FailsToUnpickle(), os.urandom(1 << 20))
+    calls = [(1, _wire.encode_call(_wire.dumps_callable(len), _wire.dumps_arguments(len, bad, {}))),
+             (2, _wire.encode_call(_wire.dumps_callable(len), _wire.dumps_arguments(len, ("ok",), {})))]
+    writer = threading.Thread(target=_wire.write_frames, args=(write_fd, Kind.CALL, calls))
+    writer.start()
+    try:
+        stream = _wire.FrameStream(read_fd)
+        functions = _worker._FunctionCache()
+        kind, body = _worker._run_call(functions, stream.next().body)
+        assert kind is Kind.RAISED and "fails-to-unpickle" in str(_wire.decode_exception(body))
+        kind, body = _worker._run_call(functions, stream.next().body)
+        assert (kind, pickle.loads(b"".join(body))) == (Kind.RESULT, 2)
+    finally:
+        writer.join(10)
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+@pytest.mark.skipif(_wire._SETPIPE is None, reason="pipe sizes can be set on Linux only")
+def test_a_pipe_grows_for_a_large_frame_and_shrinks_back_before_a_small_one(pipe):
+    import fcntl
+    read_end, write_end = pipe
+    usual = fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ)
+    room = _wire.PipeRoom(write_end)
+    room.fit(100)
+    assert fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ) == usual
+    room.fit(1 << 20)
+    assert fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ) == _wire.PipeRoom.ROOM
+    os.write(write_end, b"x" * (usual + 1))  # the reader is behind: cannot shrink yet
+    room.fit(100)
+    assert fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ) == _wire.PipeRoom.ROOM
+    os.read(read_end, usual + 1)
+    room.fit(100)
+    assert fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ) == usual
+
+
+@pytest.mark.skipif(_wire._SETPIPE is None, reason="packet-mode pipes are Linux only")
+def test_a_second_reader_takes_back_whole_frames_the_first_has_not_read():
+    read_fd, write_fd = os.pipe()
+    thief = _wire.second_reader(read_fd)
+    try:
+        assert thief is not None and _wire.set_packet_mode(write_fd, True)
+        for task_id in (1, 2, 3):  # one write, so one packet, per frame
+            _wire.write_frames(write_fd, Kind.CALL, [(task_id, [b"x" * 100 * task_id])])
+        stream = _wire.FrameStream(read_fd)
+        assert stream.next().task_id == 1  # the worker reads one frame, not what follows
+        assert _wire.read_packets(thief) == [(Kind.CALL, 2), (Kind.CALL, 3)]
+        assert _wire.read_packets(thief) == []  # empty: never blocks
+        assert os.get_blocking(read_fd)  # the worker's end is left blocking
+    finally:
+        for fd in (read_fd, write_fd, thief):
+            if fd is not None:
+                os.close(fd)

@@ -1,0 +1,95 @@
+"""Small tasks queued in a worker's pipe behind the running one: whatever the running one
+does (hang, die, overrun its timeout, get stopped), the ones behind it run, once each.
+And a large call never blocks the dispatcher, even when the worker stops reading it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import pool
+import tasks
+
+SMALL = 30
+
+
+def warm(p: pool.ProcessPool) -> set[int]:
+    """Run a burst of small tasks, so that both workers are up and known to be quick (small
+    tasks are queued behind the running one only on such workers); their pids."""
+    return set(p.map(tasks.pid_of_worker, range(200)))
+
+
+@pytest.mark.isolated
+def test_tasks_queued_behind_one_that_hangs_run_on_the_other_worker(ctx, tmp_path):
+    release = str(tmp_path / "release")
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        warm(p)
+        hung = p.submit(tasks.wait_for_file, release, "released", 60)
+        small = [p.submit(tasks.pid_of_worker) for _ in range(SMALL)]
+        ran_on = {f.result(30) for f in small}  # while the first still hangs
+        assert not hung.done() and len(ran_on) == 1
+        open(release, "w").close()
+        assert hung.result(30) == "released"
+
+
+@pytest.mark.isolated
+def test_a_death_fails_only_the_running_task_not_those_queued_behind_it(ctx):
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        before = warm(p)
+        dying = p.submit(tasks.sigkill_self)
+        small = [p.submit(tasks.square, i) for i in range(SMALL)]
+        assert [f.result(30) for f in small] == [i * i for i in range(SMALL)]
+        error = dying.exception(30)
+        assert isinstance(error, pool.WorkerDied) and error.pid in before
+
+
+@pytest.mark.isolated
+def test_a_timeout_fails_only_the_running_task_not_those_queued_behind_it(ctx):
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        warm(p)
+        slow = p.schedule(tasks.sleep_then, (60,), timeout=0.5)
+        small = [p.submit(tasks.square, i) for i in range(SMALL)]
+        assert [f.result(30) for f in small] == [i * i for i in range(SMALL)]
+        assert isinstance(slow.exception(30), pool.TaskTimeout)
+
+
+@pytest.mark.isolated
+def test_stopping_a_task_queued_behind_another_cancels_it_and_keeps_the_worker(ctx, tmp_path):
+    release = str(tmp_path / "release")
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        (pid,) = warm(p)
+        hung = p.submit(tasks.wait_for_file, release, "released", 60)
+        small = [p.submit(tasks.square, i) for i in range(SMALL)]
+        assert small[3].stop() and small[3].cancelled()
+        open(release, "w").close()
+        assert hung.result(30) == "released"
+        assert [f.result(30) for f in small if f is not small[3]] == [
+            i * i for i in range(SMALL) if i != 3]
+        assert p.submit(tasks.pid_of_worker).result(30) == pid  # never killed
+
+
+@pytest.mark.isolated
+def test_a_large_call_whose_unpickling_hangs_blocks_nothing_but_itself(ctx):
+    # The worker stops reading in the middle of the call (a reducer hangs), with megabytes
+    # of it still to come: the dispatcher must go on serving the other worker and the clock.
+    call = (b"a" * (4 << 20), tasks.UnpickleBomb("hang", os.getpid()), b"b" * (8 << 20))
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        warm(p)
+        stuck = p.schedule(tasks.take_argument, (call,), timeout=2)
+        small = [p.submit(tasks.square, i) for i in range(SMALL)]
+        assert [f.result(30) for f in small] == [i * i for i in range(SMALL)]
+        assert not stuck.done()
+        error = stuck.exception(30)
+        assert isinstance(error, pool.TaskTimeout) and "_detonate_on_unpickle" in error.stack
+        assert p.submit(tasks.square, 7).result(30) == 49
+
+
+@pytest.mark.isolated
+def test_large_calls_and_results_in_a_row_arrive_intact_between_small_ones(ctx):
+    blobs = [os.urandom(n) for n in (1 << 20, 5 << 20, 100, 3 << 20, 70 << 10)]
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        futures = [(p.submit(tasks.identity, blob), p.submit(tasks.square, i))
+                   for i, blob in enumerate(blobs)]
+        for i, (big, small) in enumerate(futures):
+            assert big.result(60) == blobs[i] and small.result(60) == i * i
