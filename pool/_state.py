@@ -22,6 +22,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import collections
 import signal
 from collections import deque
 from typing import Callable
@@ -78,6 +79,9 @@ class StateMachine:
         self._max_tasks = max_tasks_per_child
         self._depth = pipeline_depth
         self._timeouts = timeouts
+        # How many slots are in each state: lets _schedule, which runs on every event,
+        # skip its passes over the slots when they cannot do anything.
+        self._in_state = collections.Counter({SlotState.UNUSED: max_workers})
 
     # -- queries ------------------------------------------------------------------------
 
@@ -114,6 +118,8 @@ class StateMachine:
     def _move_slot(self, slot: Slot, new: SlotState) -> None:
         if new not in SLOT_TRANSITIONS[slot.state]:
             raise InvalidTransition(f"slot {slot.index}: {slot.state.name} -> {new.name}")
+        self._in_state[slot.state] -= 1
+        self._in_state[new] += 1
         slot.state = new
         if new is not SlotState.STOPPING:
             slot.escalation = slot.deadline = slot.ending = None
@@ -443,6 +449,8 @@ class StateMachine:
     def _spawn(self) -> list[Action]:
         if self.broken or self.terminating:
             return []
+        if not (self._in_state[SlotState.EMPTY] or self._in_state[SlotState.UNUSED]):
+            return []  # every slot has a process: nothing to start (the common case)
         actions: list[Action] = []
         capacity = 0  # places where a queued task could start soon
         for slot in self.slots:
@@ -468,7 +476,7 @@ class StateMachine:
     def _stop_idle(self) -> list[Action]:
         """Stop retired workers; when draining, also every worker with nothing left to do."""
         actions: list[Action] = []
-        if self.phase is Phase.OPEN and not any(s.state is SlotState.RETIRING for s in self.slots):
+        if self.phase is Phase.OPEN and not self._in_state[SlotState.RETIRING]:
             return actions  # the common case, checked cheaply
         draining = self.phase is Phase.DRAINING and not self._queue
         for slot in self.slots:

@@ -11,6 +11,7 @@ exactly once, and close once everything is done.
 
 from __future__ import annotations
 
+import collections
 import random
 import signal
 
@@ -170,6 +171,8 @@ def test_random_event_sequences_keep_every_guarantee(seed):
     try:
         for _ in range(world.rng.randint(0, 300)):
             world.step()
+            counted = {state: n for state, n in world.machine._in_state.items() if n}
+            assert counted == collections.Counter(s.state for s in world.machine.slots)
         world.finish()
     except InvalidTransition as exc:
         pytest.fail(f"seed {seed}: the machine refused a legal event: {exc}")
