@@ -511,9 +511,10 @@ class Dispatcher:
         """Write every frame queued this turn (so replies read in one batch are answered in
         one batch), after collecting the threads that finished writing a large frame."""
         for slot, worker in list(self._workers.items()):
-            failed = worker.collect_writer()
-            if failed is not None and failed >= 0:
-                self._perform(self._machine.send_failed(slot, failed))
+            if worker.writer is not None:
+                failed = worker.collect_writer()
+                if failed is not None and failed >= 0:
+                    self._perform(self._machine.send_failed(slot, failed))
         while pending := [(slot, w) for slot, w in self._workers.items()
                           if w.outbox and w.writer is None]:
             for slot, worker in pending:

@@ -55,6 +55,8 @@ RECLAIM_AFTER_SECONDS = 0.005
 MAX_START_FAILURES = 3
 
 _ENDS = (TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED)
+# Slots whose running task's clock runs (a slot being ended has its own deadlines).
+_RUNNING_STATES = (SlotState.READY, SlotState.RETIRING)
 
 # When a step's grace period runs out, the next step (the last one reports the process).
 _NEXT_STEP = {Escalation.ASKED: Escalation.TERMINATED, Escalation.DUMPING: Escalation.KILLED,
@@ -99,9 +101,19 @@ class StateMachine:
         return list(self._queue)
 
     def next_deadline(self) -> float | None:
-        deadlines = [s.deadline for s in self.slots if s.deadline is not None]
-        deadlines += [t.deadline for _, t in self._timed_running() if t.deadline is not None]
-        deadlines += [deadline for _, _, deadline in self._heads_with_followers()]
+        """The earliest time ``tick`` has something to do: an escalation step, a task
+        timeout, or taking back the tasks behind a long one. (One pass: runs every turn.)"""
+        deadlines = []
+        for slot in self.slots:
+            if slot.deadline is not None:
+                deadlines.append(slot.deadline)
+            if not slot.in_flight or slot.state not in _RUNNING_STATES:
+                continue
+            head = self._tasks[slot.in_flight[0]]
+            if head.deadline is not None:
+                deadlines.append(head.deadline)
+            if len(slot.in_flight) > 1 and not head.kept_alone and head.started is not None:
+                deadlines.append(head.started + RECLAIM_AFTER_SECONDS)
         return min(deadlines, default=None)
 
     # -- transitions ------------------------------------------------------------------------
@@ -346,14 +358,14 @@ class StateMachine:
     def _timed_running(self) -> list[tuple[Slot, Task]]:
         """Running tasks whose clock can still run out (their worker is not being ended)."""
         return [(s, self._tasks[s.in_flight[0]]) for s in self.slots
-                if s.in_flight and s.state in (SlotState.READY, SlotState.RETIRING)]
+                if s.in_flight and s.state in _RUNNING_STATES]
 
     def _heads_with_followers(self) -> list[tuple[Slot, Task, float]]:
         """Running tasks with tasks queued behind them that may still be taken back, and
         when that is to be done."""
         heads = []
         for slot in self.slots:
-            if len(slot.in_flight) > 1 and slot.state in (SlotState.READY, SlotState.RETIRING):
+            if len(slot.in_flight) > 1 and slot.state in _RUNNING_STATES:
                 head = self._tasks[slot.in_flight[0]]
                 if not head.kept_alone and head.started is not None:
                     heads.append((slot, head, head.started + RECLAIM_AFTER_SECONDS))

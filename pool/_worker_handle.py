@@ -193,7 +193,7 @@ class WorkerHandle:
             self.writer = _FrameWriter(self.task_fd, *frames[0], self.reclaim_fd is not None,
                                        self._on_write_done)
             return []
-        if self.reclaim_fd is None:
+        if self.reclaim_fd is None or len(frames) == 1:
             written = _wire.write_frames(self.task_fd, Kind.CALL, frames)
         else:  # one write per frame: one packet each
             written = 0
@@ -201,7 +201,7 @@ class WorkerHandle:
                 if _wire.write_frames(self.task_fd, Kind.CALL, [frame]) == 0:
                     break
                 written += 1
-        return [task_id for task_id, _ in frames[written:]]
+        return [task_id for task_id, _ in frames[written:]] if written < len(frames) else []
 
     def collect_writer(self) -> int | None:
         """If the thread writing a large frame has finished: the task id, if the frame could

@@ -285,3 +285,19 @@ def test_a_second_reader_takes_back_whole_frames_the_first_has_not_read():
         for fd in (read_fd, write_fd, thief):
             if fd is not None:
                 os.close(fd)
+
+
+class PicklesACallWhilePickled:
+    """A user ``__reduce__`` that itself pickles a call (so the kept pickler is busy)."""
+
+    def __reduce__(self):
+        inner = b"".join(_wire.dumps_arguments(len, ("inner",), {}))
+        return pickle.loads, (inner,)
+
+
+def test_pickling_a_call_inside_a_reducer_and_after_a_failure_still_works():
+    outer = b"".join(_wire.dumps_arguments(len, (PicklesACallWhilePickled(), 2), {}))
+    assert pickle.loads(outer) == (((("inner",), {}), 2), {})
+    with pytest.raises(pool.ArgumentPicklingError):
+        _wire.dumps_arguments(len, (threading.Lock(),), {})
+    assert pickle.loads(b"".join(_wire.dumps_arguments(len, (1,), {"k": 2}))) == ((1,), {"k": 2})
