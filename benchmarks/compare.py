@@ -23,6 +23,7 @@ import argparse
 import concurrent.futures as cf
 import gc
 import multiprocessing
+import multiprocessing.pool
 import os
 import statistics
 import sys
@@ -118,6 +119,7 @@ class MultiprocessingPoolAdapter(Adapter):
         # terminate() itself hangs once a worker died holding the task queue's lock; kill
         # the workers and drop the pool (its threads are daemons), and cancel the exit-time
         # finalizer that would call terminate() again.
+        p._worker_handler._state = multiprocessing.pool.TERMINATE  # no more respawns
         for process in list(p._pool):
             process.kill()
             process.join(5)
@@ -268,14 +270,24 @@ def shutdown_time(adapter: Adapter) -> float:
     return time.perf_counter() - started
 
 
-def crash_to_next_result(adapter: Adapter) -> float | str:
-    """From SIGKILLing an idle worker to the next result, or what happened instead."""
+def die(_: Any = None) -> None:
     import signal
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def crash_to_next_result(adapter: Adapter) -> float | str:
+    """From submitting a task whose worker is SIGKILLed while running it, through that
+    task's failure, to the next task's result; or what happened instead."""
     p = adapter.start()
-    pid = next(iter(adapter.worker_pids(p)))
+    adapter.worker_pids(p)
     started = time.perf_counter()
-    os.kill(pid, signal.SIGKILL)
     try:
+        try:
+            adapter.call(p, die, None, timeout=10)
+        except (TimeoutError, multiprocessing.TimeoutError):
+            raise
+        except Exception:
+            pass  # the crash, as each pool reports it
         adapter.call(p, noop, 1, timeout=10)
         elapsed: float | str = time.perf_counter() - started
         adapter.stop(p)
@@ -337,7 +349,7 @@ def report(title: str, results: dict[str, dict[str, list[float]]], names: list[s
            lower_is_better: bool = False) -> None:
     print(f"\n{title}")
     metrics = list(next(iter(results.values())).keys())
-    header = f"  {'':30}" + "".join(f"{n:>30}" for n in names)
+    header = f"  {'':30}" + "".join(f"{n:>34}" for n in names)
     print(header)
     for metric in metrics:
         row = f"  {metric:30}"
@@ -346,13 +358,13 @@ def report(title: str, results: dict[str, dict[str, list[float]]], names: list[s
         for name in names:
             values = results[name].get(metric)
             if not values:
-                row += f"{'n/a':>30}"
+                row += f"{'n/a':>34}"
                 continue
             median = statistics.median(values)
             cell = f"{fmt(median)} ({fmt(min(values))}-{fmt(max(values))})"
             if base_median and name != "stdlib":
                 cell += f" {median / base_median:.2f}x"
-            row += f"{cell:>30}"
+            row += f"{cell:>34}"
         print(row)
 
 
@@ -404,7 +416,7 @@ def main() -> None:
            results, names)
 
     times: dict[str, dict[str, list[float]]] = {n: {} for n in names}
-    crashes: dict[str, str] = {}
+    crashes: dict[str, list[str]] = {n: [] for n in names}
     for round_number in range(args.rounds):
         for adapter in adapters:
             entry = times[adapter.name]
@@ -417,11 +429,13 @@ def main() -> None:
             if isinstance(crash, float):
                 entry["crash -> next result, ms"].append(crash * 1000)
             else:
-                crashes[adapter.name] = crash
+                crashes[adapter.name].append(crash)
             entry.setdefault("idle, % of a core", []).append(idle_cpu(adapter))
     report("Life cycle (lower is better)", times, names)
-    for name, what in crashes.items():
-        print(f"  after a worker's SIGKILL, {name} {what}: no next result")
+    for name, outcomes in crashes.items():
+        for what in sorted(set(outcomes)):
+            print(f"  after a worker's SIGKILL, {name} {what} in {outcomes.count(what)} of "
+                  f"{args.rounds} rounds: no next result")
 
     print(f"\nParent memory over {args.memory_tasks:,} tasks (pool, map with buffersize), MiB "
           f"after each tenth:")

@@ -43,8 +43,14 @@ def default_context() -> Any:
 
 
 def _process_chunk(fn: Callable[..., Any], chunk: list[tuple[Any, ...]]) -> list[Any]:
-    """Runs in the worker: one ``map`` chunk, as a single task."""
-    return [fn(*args) for args in chunk]
+    """Runs in the worker: one ``map`` chunk over several iterables, as a single task."""
+    return list(itertools.starmap(fn, chunk))
+
+
+def _process_items(fn: Callable[..., Any], items: list[Any]) -> list[Any]:
+    """Runs in the worker: one ``map`` chunk over one iterable (the items themselves travel,
+    not a 1-tuple around each: half the pickling)."""
+    return list(map(fn, items))
 
 
 class ProcessPool(Executor):
@@ -183,12 +189,14 @@ class ProcessPool(Executor):
         end_time = None if timeout is None else timeout + time.monotonic()
         self._dispatcher.check_open()
         runner: Callable[..., Any] = fn
-        if chunksize > 1:
-            runner = functools.partial(_process_chunk, fn)
-        fn_blob = _wire.dumps_callable(runner)
         batches: Iterator[tuple[Any, ...]] = zip(*iterables)
-        if chunksize > 1:
-            batches = ((list(chunk),) for chunk in _batched(batches, chunksize))
+        if chunksize > 1 and len(iterables) == 1:
+            runner = functools.partial(_process_items, fn)
+            batches = ((chunk,) for chunk in _batched(iter(iterables[0]), chunksize))
+        elif chunksize > 1:
+            runner = functools.partial(_process_chunk, fn)
+            batches = ((chunk,) for chunk in _batched(batches, chunksize))
+        fn_blob = _wire.dumps_callable(runner)
 
         def submit_batch(args: tuple[Any, ...]) -> Future[Any]:
             body = _wire.encode_call(fn_blob, _wire.dumps_arguments(fn, args, {}))
@@ -288,8 +296,8 @@ def _result_or_cancel(future: Future[Any], timeout: float | None) -> Any:
         del future  # break the reference cycle with the exception's traceback
 
 
-def _batched(items: Iterator[tuple[Any, ...]], size: int) -> Iterator[tuple[tuple[Any, ...], ...]]:
-    while chunk := tuple(itertools.islice(items, size)):
+def _batched(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    while chunk := list(itertools.islice(items, size)):
         yield chunk
 
 

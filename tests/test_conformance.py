@@ -38,6 +38,10 @@ def test_map_chunks_give_the_same_results(ctx, chunksize):
     with pool.ProcessPool(2, mp_context=ctx) as p:
         assert list(p.map(tasks.square, range(23), chunksize=chunksize)) == [
             i * i for i in range(23)]
+        assert list(p.map(tasks.add, range(23), range(23, 0, -1), chunksize=chunksize)) == [
+            23] * 23
+        items = [(1, 2), (), "ab", None] * 3  # items that are tuples stay whole
+        assert list(p.map(tasks.identity, items, chunksize=chunksize)) == items
 
 
 def test_map_raises_at_the_failing_item(ctx):
