@@ -298,19 +298,27 @@ class Dispatcher:
         if self._wakeup.reader not in ready:
             return
         self._wakeup.drain()  # before reading the queue, so no wake() is lost
+        unscheduled = False  # submissions queued, to be sent in one pass
         for command in self._take_commands():
             if isinstance(command, Submit):
                 record = command.record
                 self._tasks[record.info.task_id] = record
                 self._perform(self._machine.submit(
                     record.info.task_id, pipelinable=_wire.size_of(record.body) <= PIPELINE_MAX_BYTES,
-                    timeout=record.timeout))
-            elif isinstance(command, Shutdown):
+                    timeout=record.timeout, schedule=False))
+                unscheduled = True
+                continue
+            if unscheduled:
+                self._perform(self._machine.schedule())
+                unscheduled = False
+            if isinstance(command, Shutdown):
                 self._perform(self._machine.shutdown(cancel_futures=command.cancel_futures))
             elif isinstance(command, StopTask):
                 self._perform(self._machine.stop_task(command.task_id))
             else:
                 self._perform(self._machine.terminate(command.signum))
+        if unscheduled:
+            self._perform(self._machine.schedule())
 
     def _take_commands(self) -> Iterator[Command]:
         while True:

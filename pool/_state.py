@@ -84,6 +84,7 @@ class StateMachine:
         # How many slots are in each state: lets _schedule, which runs on every event,
         # skip its passes over the slots when they cannot do anything.
         self._in_state = collections.Counter({SlotState.UNUSED: max_workers})
+        self._vacant, self._retiring = max_workers, 0
 
     # -- queries ------------------------------------------------------------------------
 
@@ -133,6 +134,9 @@ class StateMachine:
         self._in_state[slot.state] -= 1
         self._in_state[new] += 1
         slot.state = new
+        # Read on every event (plain ints: hashing an Enum member runs Python code).
+        self._vacant = self._in_state[SlotState.EMPTY] + self._in_state[SlotState.UNUSED]
+        self._retiring = self._in_state[SlotState.RETIRING]
         if new is not SlotState.STOPPING:
             slot.escalation = slot.deadline = slot.ending = None
         if new is SlotState.EMPTY:
@@ -151,7 +155,10 @@ class StateMachine:
     # -- events -----------------------------------------------------------------------------
 
     def submit(self, task_id: int, *, pipelinable: bool = False,
-               timeout: float | None = None) -> list[Action]:
+               timeout: float | None = None, schedule: bool = True) -> list[Action]:
+        """A new task. ``schedule=False`` only queues it, for a burst of submissions that
+        ends with one ``schedule()`` (sending them task by task would cost a pass over the
+        slots for each)."""
         if self.phase is not Phase.OPEN:
             raise InvalidTransition(f"submit while {self.phase.name}")
         if task_id in self._tasks:
@@ -162,6 +169,10 @@ class StateMachine:
             self._move_task(task, TaskState.FAILED)
             return [FailBroken(task_id)]
         self._queue.append(task_id)
+        return self._schedule() if schedule else []
+
+    def schedule(self) -> list[Action]:
+        """Assign what is queued and start workers as needed (after ``submit(schedule=False)``)."""
         return self._schedule()
 
     def worker_ready(self, index: int, *, pipelining: bool = True) -> list[Action]:
@@ -317,16 +328,28 @@ class StateMachine:
         return actions
 
     def tasks_reclaimed(self, index: int, task_ids: list[int]) -> list[Action]:
-        """These tasks, the last ones sent to the slot (in send order), were taken back from
-        its pipe unread: they go back to the front of the queue (or end, if stopped)."""
+        """These tasks sent to the slot (in send order) were taken back from its pipe
+        unread: they go back to the front of the queue (or end, if stopped).
+
+        The worker reads its pipe while they are taken, so it may have got any of them: a
+        later one too, while an earlier one was taken back. What it got stays in flight,
+        in order; if the task believed running was taken back, the first of those runs.
+        """
         slot = self.slots[index]
         if not task_ids:
             return []
-        if list(slot.in_flight)[-len(task_ids):] != task_ids:
+        taken = set(task_ids)
+        in_flight = list(slot.in_flight)
+        if [t for t in in_flight if t in taken] != task_ids:
             raise InvalidTransition(f"slot {index} gave back {task_ids}, "
-                                    f"not the last of {list(slot.in_flight)}")
+                                    f"not tasks in flight there {in_flight}")
+        head_taken = in_flight[0] in taken
+        slot.in_flight = deque(t for t in in_flight if t not in taken)
+        slot.in_flight.extend(task_ids)  # where _requeue_in_flight takes them from
         slot.assigned_count -= len(task_ids)
         actions = self._requeue_in_flight(slot, len(task_ids))
+        if head_taken and slot.in_flight:
+            actions += self._start_running(slot, self._tasks[slot.in_flight[0]])
         if (slot.state is SlotState.RETIRING and not self._quota_used(slot)
                 and not slot.over_memory):
             self._move_slot(slot, SlotState.READY)
@@ -461,7 +484,7 @@ class StateMachine:
     def _spawn(self) -> list[Action]:
         if self.broken or self.terminating:
             return []
-        if not (self._in_state[SlotState.EMPTY] or self._in_state[SlotState.UNUSED]):
+        if not self._vacant:
             return []  # every slot has a process: nothing to start (the common case)
         actions: list[Action] = []
         capacity = 0  # places where a queued task could start soon
@@ -488,7 +511,7 @@ class StateMachine:
     def _stop_idle(self) -> list[Action]:
         """Stop retired workers; when draining, also every worker with nothing left to do."""
         actions: list[Action] = []
-        if self.phase is Phase.OPEN and not self._in_state[SlotState.RETIRING]:
+        if self.phase is Phase.OPEN and not self._retiring:
             return actions  # the common case, checked cheaply
         draining = self.phase is Phase.DRAINING and not self._queue
         for slot in self.slots:

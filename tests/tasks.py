@@ -369,3 +369,11 @@ def start_subprocess_then_return(pid_dir):
         f.write(str(child.pid))
     announce(pid_dir)
     return child.pid
+
+
+def run_once(directory, i, seconds=0.0):
+    """Mark task ``i`` as run (failing if it already was), sleep, return ``i``."""
+    os.close(os.open(os.path.join(directory, str(i)), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    if seconds:
+        time.sleep(seconds)
+    return i

@@ -5,6 +5,7 @@ And a large call never blocks the dispatcher, even when the worker stops reading
 from __future__ import annotations
 
 import os
+import threading
 
 import pytest
 
@@ -93,3 +94,30 @@ def test_large_calls_and_results_in_a_row_arrive_intact_between_small_ones(ctx):
                    for i, blob in enumerate(blobs)]
         for i, (big, small) in enumerate(futures):
             assert big.result(60) == blobs[i] and small.result(60) == i * i
+
+
+@pytest.mark.isolated
+def test_tasks_taken_back_while_the_worker_reads_run_exactly_once(ctx, tmp_path):
+    # A thread that never lets go of the GIL makes the dispatcher's turns slow (it gets the
+    # GIL every 5 ms), so tasks are taken back just after they were sent, while the worker
+    # is reading them; every 40th task also runs long. Each must run once, every future
+    # must resolve, whichever of the parent and the worker got each frame.
+    n = 1500
+    stop = threading.Event()
+
+    def hog_the_gil() -> None:
+        while not stop.is_set():
+            sum(range(1000))
+
+    hog = threading.Thread(target=hog_the_gil)
+    hog.start()
+    try:
+        with pool.ProcessPool(2, mp_context=ctx) as p:
+            warm(p)
+            futures = [p.submit(tasks.run_once, str(tmp_path), i, 0.02 if i % 40 == 0 else 0)
+                       for i in range(n)]
+            assert [f.result(60) for f in futures] == list(range(n))
+    finally:
+        stop.set()
+        hog.join()
+    assert len(os.listdir(tmp_path)) == n

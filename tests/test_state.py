@@ -367,7 +367,22 @@ def test_tasks_behind_one_that_runs_long_are_taken_back_once_and_run_elsewhere()
     m.submit(4, pipelinable=True)
     assert m.slots[0].in_flight == deque([1, 2])  # not queued behind the long one again
     with pytest.raises(InvalidTransition):
-        m.tasks_reclaimed(0, [1])  # only the last ones sent can come back
+        m.tasks_reclaimed(0, [3])  # not in flight there
+    with pytest.raises(InvalidTransition):
+        m.tasks_reclaimed(0, [2, 1])  # not in the order sent
+
+
+def test_the_worker_may_take_a_later_task_while_earlier_ones_are_taken_back():
+    m, _ = machine(1, pipeline_depth=4)
+    for task in (1, 2, 3, 4):
+        m.submit(task, pipelinable=True)
+    start_warm(m, 0)
+    # It had not read task 1 yet; while 1 and 3 were taken, it read 2 (and then 4).
+    # 2 runs now (just started, so 1 and 3 may queue behind it again: the only worker).
+    assert m.tasks_reclaimed(0, [1, 3]) == [Send(0, 1), Send(0, 3)]
+    assert m.slots[0].in_flight == deque([2, 4, 1, 3])
+    assert m.task_state(2) is TaskState.RUNNING and m.task_state(4) is TaskState.ASSIGNED
+    assert m.task_replied(0, 2)[0] == Resolve(2)
 
 
 def test_taking_back_every_task_sent_requeues_the_running_one_too():

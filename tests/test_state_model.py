@@ -67,12 +67,14 @@ class World:
             elif isinstance(action, (act.Stop, act.Signal, act.DumpStack)):
                 assert action.slot in self.alive, f"{action} for a slot with no process"
             elif isinstance(action, act.Reclaim):
-                # The worker may have read any number of them already; rarely none at all.
+                # The worker reads its pipe while the parent takes tasks back: any of them
+                # may have gone either way (the running one rarely: it is read at once).
                 assert action.slot in self.alive, f"{action} for a slot with no process"
                 in_flight = list(self.machine.slots[action.slot].in_flight)
-                lowest = 0 if self.rng.random() < 0.1 else 1
-                count = self.rng.randint(0, max(0, len(in_flight) - lowest))
-                work += self.machine.tasks_reclaimed(action.slot, in_flight[len(in_flight) - count:])
+                head_odds = 0.1
+                taken = [t for i, t in enumerate(in_flight)
+                         if self.rng.random() < (head_odds if i == 0 else 0.6)]
+                work += self.machine.tasks_reclaimed(action.slot, taken)
             elif isinstance(action, act.Unreaped):
                 assert action.slot in self.alive
                 del self.alive[action.slot]  # the dispatcher abandons it and says so
@@ -99,12 +101,14 @@ class World:
         choices += ["memory"] * (1 if busy and rng.random() < 0.05 else 0)
         choices += ["stop"] * (1 if self.next_task > 1 and rng.random() < 0.1 else 0)
         choices += ["terminate"] * (1 if rng.random() < 0.01 else 0)
-        choices += ["tick"]
+        choices += ["tick", "schedule"]
         choice = rng.choice(choices)
         if choice == "submit":
             task_id, self.next_task = self.next_task, self.next_task + 1
             timeout = rng.choice([None, None, 0.5, 3])
-            self.perform(m.submit(task_id, pipelinable=rng.random() < 0.7, timeout=timeout))
+            burst = rng.random() < 0.3  # queued now, scheduled by the next event
+            self.perform(m.submit(task_id, pipelinable=rng.random() < 0.7, timeout=timeout,
+                                  schedule=not burst))
         elif choice == "shutdown":
             self.shut = True
             self.perform(m.shutdown(cancel_futures=rng.random() < 0.5))
@@ -123,6 +127,8 @@ class World:
             self.perform(m.worker_over_memory(rng.choice(busy)))
         elif choice == "stop":  # any task, perhaps one that has ended already
             self.perform(m.stop_task(rng.randrange(1, self.next_task)))
+        elif choice == "schedule":
+            self.perform(m.schedule())
         elif choice == "terminate":
             self.shut = True
             self.perform(m.terminate(rng.choice([signal.SIGTERM, signal.SIGKILL])))
