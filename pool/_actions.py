@@ -10,38 +10,38 @@ from dataclasses import dataclass
 from typing import Union
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Spawn:
     slot: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Send:
     slot: int
     task_id: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Resolve:
     """The task's reply is final: deliver it to the future."""
     task_id: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FailDied:
     """The task's worker died while running it."""
     task_id: int
     slot: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FailMisbehaved:
     """The task's worker sent bytes that are not a reply."""
     task_id: int
     slot: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FailTimedOut:
     """The task overran its timeout; its worker was asked for its stack, then ended."""
     task_id: int
@@ -49,63 +49,63 @@ class FailTimedOut:
     timeout: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FailTerminated:
     """The task was running when terminate_workers() or kill_workers() ended its worker."""
     task_id: int
     slot: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Stopped:
     """The caller stopped this task: it never started, or its worker was killed."""
     task_id: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FailBroken:
     """The pool stopped starting workers; this queued task cannot run."""
     task_id: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Cancel:
     """shutdown(cancel_futures=True) cancels this queued task."""
     task_id: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Reclaim:
     """Take back the tasks that wait in the slot's pipe behind its running one (the
     dispatcher reports which it got with ``tasks_reclaimed``)."""
     slot: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Stop:
     """Ask the slot's worker to exit (close its task pipe)."""
     slot: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Signal:
     """Send a signal to the slot's worker and to its process group."""
     slot: int
     signum: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class DumpStack:
     """Ask the slot's worker (not its group) to write its Python stack, then exit."""
     slot: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Broken:
     """Workers failed to start too often in a row: the pool starts no more."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Unreaped:
     """The slot's process survived SIGKILL's grace period: report it by pid."""
     slot: int

@@ -16,7 +16,7 @@ from ._futures import PoolFuture
 from ._wire import Buffers
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class TaskRecord:
     """A submitted task as the dispatcher tracks it."""
 
@@ -28,22 +28,22 @@ class TaskRecord:
     outcome: tuple[bool, Any] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Submit:
     record: TaskRecord
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Shutdown:
     cancel_futures: bool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StopTask:
     task_id: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Terminate:
     signum: int  # SIGTERM (terminate_workers) or SIGKILL (kill_workers)
 

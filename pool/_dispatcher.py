@@ -48,7 +48,6 @@ the only reader and writer of every attribute not marked as shared.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import os
@@ -149,19 +148,24 @@ class Dispatcher:
         if _exit.interpreter_exiting:
             raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
-    def submit(self, make_info: Callable[[int], TaskInfo], body: _wire.Buffers,
-               timeout: float | None = None) -> PoolFuture:
+    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+               body: _wire.Buffers, timeout: float | None = None) -> PoolFuture:
         """Queue one encoded call (caller thread). Raises if the pool cannot take it."""
         future = PoolFuture()
         with self._lock:
             self.check_open()
             self._start_thread()
             task_id = next(self._task_ids)
-            future._stop_hook = functools.partial(self._command, StopTask(task_id))
-            self._commands.put(Submit(TaskRecord(make_info(task_id), future, body, timeout)))
+            future._stopper, future._task_id = self, task_id
+            self._commands.put(Submit(TaskRecord(TaskInfo(task_id, fn, args, kwargs), future,
+                                                 body, timeout)))
         assert self._wakeup is not None
         self._wakeup.wake()
         return future
+
+    def stop_task(self, task_id: int) -> None:
+        """Ask for a task to be stopped (caller thread; ``PoolFuture.stop``)."""
+        self._command(StopTask(task_id))
 
     def _command(self, command: Command) -> None:
         """Hand the loop a command (caller thread); dropped once the loop has ended."""

@@ -23,7 +23,6 @@ from typing import Any, Callable, Iterable, Iterator
 
 from . import _wire
 from ._dispatcher import Dispatcher
-from ._errors import TaskInfo
 from ._futures import PoolFuture
 from ._records import Timeouts
 
@@ -146,7 +145,7 @@ class ProcessPool(Executor):
         Raises :class:`pool.ArgumentPicklingError` here, in the caller's thread, if the call
         cannot be pickled; ``RuntimeError`` after shutdown; the pool's error if it broke.
         """
-        return self.schedule(fn, args, kwargs)
+        return self._submit(fn, args, kwargs, self._task_timeout)
 
     def schedule(self, fn: Callable[..., Any], /, args: Iterable[Any] = (),
                  kwargs: dict[str, Any] | None = None, *,
@@ -156,19 +155,21 @@ class ProcessPool(Executor):
         limit). The clock starts when the task starts running; on expiry its future fails
         with :class:`pool.TaskTimeout`, which holds the task's stack at that moment.
         """
-        if not callable(fn):
-            raise TypeError(f"{fn!r} is not callable")
         if timeout is _POOL_DEFAULT:
             timeout = self._task_timeout
         else:
             timeout = _seconds("timeout", timeout, optional=True)
-        args = tuple(args)
-        kwargs = {} if kwargs is None else dict(kwargs)
+        return self._submit(fn, tuple(args), {} if kwargs is None else dict(kwargs), timeout)
+
+    def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                timeout: float | None) -> PoolFuture:
+        """``args`` and ``kwargs`` are the pool's own from here on (copied, if need be)."""
+        if not callable(fn):
+            raise TypeError(f"{fn!r} is not callable")
         self._dispatcher.check_open()
         body = _wire.encode_call(_wire.dumps_callable(fn),
                                  _wire.dumps_arguments(fn, args, kwargs))
-        return self._dispatcher.submit(
-            lambda task_id: TaskInfo(task_id, fn, args, kwargs), body, timeout)
+        return self._dispatcher.submit(fn, args, kwargs, body, timeout)
 
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None,
             chunksize: int = 1, buffersize: int | None = None) -> Iterator[Any]:
@@ -200,8 +201,7 @@ class ProcessPool(Executor):
 
         def submit_batch(args: tuple[Any, ...]) -> Future[Any]:
             body = _wire.encode_call(fn_blob, _wire.dumps_arguments(fn, args, {}))
-            return self._dispatcher.submit(lambda task_id: TaskInfo(task_id, fn, args, {}), body,
-                                           self._task_timeout)
+            return self._dispatcher.submit(fn, args, {}, body, self._task_timeout)
 
         futures: collections.deque[Future[Any]] = collections.deque()
         try:

@@ -24,7 +24,7 @@ import threading
 import time
 from concurrent.futures import Future, _base
 from concurrent.futures import wait as wait_for_futures
-from typing import Any, Callable, Generator
+from typing import Any, Generator
 
 logger = logging.getLogger("pool")
 
@@ -60,7 +60,8 @@ class PoolFuture(Future[Any]):
     and which can stop its task even while it runs (:meth:`stop`). Awaiting it in a
     coroutine works; cancelling that coroutine stops the task."""
 
-    _stop_hook: Callable[[], None] | None = None  # set by the pool: asks the dispatcher
+    _stopper: Any = None  # set by the pool: the dispatcher that can stop the task
+    _task_id = 0
     _stop_requested = False
 
     def stop(self) -> bool:
@@ -80,12 +81,11 @@ class PoolFuture(Future[Any]):
                     return True
                 if state == _base.RUNNING:
                     self._stop_requested = True
-                    hook = self._stop_hook
                     break
             if self.cancel():  # PENDING: an ordinary cancel, unless it just started
                 return True
-        if hook is not None:
-            hook()
+        if self._stopper is not None:
+            self._stopper.stop_task(self._task_id)
         return True
 
     def result(self, timeout: float | None = None) -> Any:

@@ -84,7 +84,7 @@ class Ending(enum.Enum):
     TERMINATED = "terminated"  # terminate_workers() / kill_workers(): WorkerTerminated
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Timeouts:
     """Grace periods of the escalation, in seconds."""
     stop: float = 3.0       # an idle worker asked to stop (task pipe closed), before SIGTERM
@@ -93,7 +93,7 @@ class Timeouts:
     dump: float = 1.0       # a timed-out worker asked for its stack, before SIGKILL
 
 
-@dataclass
+@dataclass(slots=True)
 class Task:
     task_id: int
     pipelinable: bool
@@ -106,7 +106,7 @@ class Task:
                                     # no more are queued behind it
 
 
-@dataclass
+@dataclass(slots=True)
 class Slot:
     index: int
     state: SlotState = SlotState.UNUSED
