@@ -18,6 +18,10 @@ class InvalidTransition(RuntimeError):
 
 
 class TaskState(enum.Enum):
+    # Members are singletons: hashing by identity is right, and runs no Python code (the
+    # state machine looks its transition tables up several times a task).
+    __hash__ = object.__hash__
+
     QUEUED = "queued"        # waiting in the pool's queue
     ASSIGNED = "assigned"    # sent to a worker, behind the task that worker is running
     RUNNING = "running"      # the first task in flight on its worker
@@ -41,6 +45,8 @@ TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
 
 
 class SlotState(enum.Enum):
+    __hash__ = object.__hash__  # as TaskState's
+
     UNUSED = "unused"      # never started; started on demand
     STARTING = "starting"  # process started, READY not yet received
     READY = "ready"        # takes tasks
