@@ -70,7 +70,10 @@ class PoolFuture(Future[Any]):
 
         Returns False if the task had already finished, else True: the future then ends
         cancelled (``cancelled()`` is True and ``result()`` raises ``CancelledError``), even
-        if the task happens to finish before its worker is killed.
+        if the task happens to finish before its worker is killed. It ends cancelled at once
+        if the task is still in the pool's queue; a task already sent to a worker (waiting
+        in its pipe behind another, or running) ends cancelled as soon as the pool has taken
+        it back, or killed that worker.
         """
         while True:
             with self._condition:

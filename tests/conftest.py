@@ -46,9 +46,15 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
             f"--stress-seconds={config.getoption('--stress-seconds')}",
             f"{pyfuncitem.path}::{pyfuncitem.name}"]
-    proc = subprocess.run(args, capture_output=True, text=True, cwd=str(TESTS_DIR),
-                          env=dict(os.environ, **{IN_CHILD: "1"}),
-                          timeout=_timeout_of(pyfuncitem) - 30)
+    try:
+        proc = subprocess.run(args, capture_output=True, text=True, cwd=str(TESTS_DIR),
+                              env=dict(os.environ, **{IN_CHILD: "1"}),
+                              timeout=_timeout_of(pyfuncitem) - 30)
+    except subprocess.TimeoutExpired as exc:  # say what the child was doing, in full
+        output = exc.output.decode(errors="replace") if isinstance(exc.output, bytes) else ""
+        errors = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
+        pytest.fail(f"a child interpreter that did not end in {exc.timeout} s:\n"
+                    f"{output[-12000:]}\n{errors[-4000:]}", pytrace=False)
     sys.stdout.write(proc.stdout[-4000:])
     if proc.returncode != 0 or " passed" not in proc.stdout:
         pytest.fail(f"in a child interpreter (exit {proc.returncode}):\n{proc.stdout[-8000:]}"
