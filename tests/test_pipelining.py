@@ -125,3 +125,25 @@ def test_tasks_taken_back_while_the_worker_reads_run_exactly_once(ctx, tmp_path)
         stop.set()
         hog.join()
     assert len(os.listdir(tmp_path)) == n
+
+
+@pytest.mark.isolated
+def test_without_packet_pipes_one_task_at_a_time_and_all_the_rest_holds(ctx, tmp_path,
+                                                                         monkeypatch):
+    # What runs where pipes have no packet mode (not Linux), or a user is over their
+    # pipe-page limit: no tasks wait behind a running one, and nothing else changes.
+    from pool import _worker_handle
+    monkeypatch.setattr(_worker_handle, "_PACKET_PIPE_BYTES", 1 << 40)
+    release = str(tmp_path / "release")
+    blob = os.urandom(3 << 20)
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        warm(p)
+        assert all(w.reclaim_fd is None for w in p._dispatcher._workers.values())
+        hung = p.submit(tasks.wait_for_file, release, "released", 60)
+        dying = p.submit(tasks.sigkill_self)
+        small = [p.submit(tasks.square, i) for i in range(SMALL)]
+        assert [f.result(30) for f in small] == [i * i for i in range(SMALL)]
+        assert isinstance(dying.exception(30), pool.WorkerDied)
+        assert p.submit(tasks.identity, blob).result(60) == blob
+        open(release, "w").close()
+        assert hung.result(30) == "released"
