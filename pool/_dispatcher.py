@@ -62,8 +62,7 @@ from typing import Any, Callable, Iterator
 from . import _exit, _state, _teardown, _wire
 from ._commands import Command, Shutdown, StopTask, Submit, TaskRecord, Terminate
 from ._errors import PoolInternalError, TaskInfo, WorkerProtocolError, describe_exit
-from ._futures import (CallbackRunner, PoolFuture, install_on_dispatcher_thread,
-                       wait_interruptibly)
+from ._futures import CallbackRunner, Latch, PoolFuture, install_on_dispatcher_thread
 from ._outcomes import StartFailures, failure, format_error, fresh, resolve
 from ._state import StateMachine
 from ._wakeup import Wakeup
@@ -127,6 +126,9 @@ class Dispatcher:
         # Thread.join() can leave a thread that still runs marked as stopped (the bpo-45274
         # handling), and a second join() would then return at once.
         self.finished: Future[None] = Future()
+        # The same fact for callers that wait in a thread: a latch, which a Ctrl-C in the
+        # wait cannot leave locked for the loop to block on (see _futures.Latch).
+        self._ended = Latch()
         self.broken_error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._wakeup: Wakeup | None = None
@@ -194,6 +196,7 @@ class Dispatcher:
             self._closing = True
             if not started and not self.finished.done():
                 self.finished.set_result(None)
+                self._ended.set()
         if started:
             assert self._wakeup is not None
             self._wakeup.wake()
@@ -213,14 +216,14 @@ class Dispatcher:
         if self._thread is None or self._thread is threading.current_thread():
             return
         try:
-            wait_interruptibly(self.finished)
+            self._ended.wait()
         except KeyboardInterrupt:
             self.terminate(signal.SIGTERM, wait=False)
             try:
-                wait_interruptibly(self.finished)
+                self._ended.wait()
             except KeyboardInterrupt:
                 self.terminate(signal.SIGKILL, wait=False)
-                wait_interruptibly(self.finished)
+                self._ended.wait()
             raise
         blocked = self._callbacks.join(callback_timeout)
         if blocked:
@@ -271,8 +274,11 @@ class Dispatcher:
             try:
                 self._release()
             finally:  # even if releasing failed, nobody may wait for this loop forever
-                if not self.finished.done():
-                    self.finished.set_result(None)
+                try:
+                    if not self.finished.done():
+                        self.finished.set_result(None)
+                finally:
+                    self._ended.set()
 
     def _turn(self) -> None:
         if self._injected_fault is not None:

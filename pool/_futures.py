@@ -23,7 +23,6 @@ import queue
 import threading
 import time
 from concurrent.futures import Future, _base
-from concurrent.futures import wait as wait_for_futures
 from typing import Any, Generator
 
 logger = logging.getLogger("pool")
@@ -42,10 +41,45 @@ MAX_CALLBACK_THREADS = 16
 SIGNAL_CHECK_SECONDS = 0.25
 
 
-def wait_interruptibly(future: Future[Any]) -> None:
-    """Block until ``future`` is done, in slices, so that a Ctrl-C is never missed."""
-    while not future.done():
-        wait_for_futures([future], SIGNAL_CHECK_SECONDS)
+_DONE_STATES = (_base.CANCELLED, _base.CANCELLED_AND_NOTIFIED, _base.FINISHED)
+
+
+class Latch:
+    """Set once, waited for by any number of threads, through nothing but a C lock.
+
+    A KeyboardInterrupt can land inside a Python-level ``__enter__`` just after the lock
+    under it was taken (``threading.Condition.__enter__``), and that lock then stays taken
+    for good. If a thread the dispatcher depends on holds it, the dispatcher blocks for
+    ever: seen once in about 40 runs of the Ctrl-C-during-shutdown test, the dispatcher in
+    ``Future.set_result`` waiting for the event of a ``concurrent.futures.wait`` that the
+    Ctrl-C had interrupted. Waiting on a latch takes nothing the setter needs.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self.is_set = False
+
+    def set(self) -> None:
+        if not self.is_set:
+            self.is_set = True
+            try:
+                self._lock.release()
+            except RuntimeError:
+                pass  # set twice at once
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once set; False if ``timeout`` passed first. Wakes up every
+        SIGNAL_CHECK_SECONDS, so that a Ctrl-C is never missed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set:
+            left = SIGNAL_CHECK_SECONDS if deadline is None else min(
+                SIGNAL_CHECK_SECONDS, deadline - time.monotonic())
+            if left <= 0:
+                return False
+            if self._lock.acquire(True, left):
+                self._lock.release()  # (if a Ctrl-C lands right here, is_set still says so)
+        return True
 
 
 def join_interruptibly(thread: threading.Thread) -> None:
@@ -63,6 +97,27 @@ class PoolFuture(Future[Any]):
     _stopper: Any = None  # set by the pool: the dispatcher that can stop the task
     _task_id = 0
     _stop_requested = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        # One latch per caller waiting in result() / exception(), released when the future
+        # is done: the waiters never take the future's lock while it is not done, so a
+        # Ctrl-C in a wait cannot leave it taken for the dispatcher to block on.
+        self._wakers: list[Latch] = []
+
+    def _wait_done(self, timeout: float | None) -> bool:
+        if self._state in _DONE_STATES:
+            return True
+        latch = Latch()
+        self._wakers.append(latch)  # then look again: _wake sets the state, then reads this
+        if self._state in _DONE_STATES:
+            return True
+        return latch.wait(timeout)
+
+    def _wake(self) -> None:
+        """Release the waiters (after the state became a done one)."""
+        for latch in list(self._wakers):
+            latch.set()
 
     def stop(self) -> bool:
         """Stop the task: cancel it if it has not started; if it is running, kill its
@@ -92,14 +147,18 @@ class PoolFuture(Future[Any]):
         return True
 
     def result(self, timeout: float | None = None) -> Any:
-        if timeout is None:
-            wait_interruptibly(self)
-        return super().result(timeout)
+        self._wait_done(timeout)
+        return super().result(0)  # done (its lock is no longer needed), or TimeoutError
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        if timeout is None:
-            wait_interruptibly(self)
-        return super().exception(timeout)
+        self._wait_done(timeout)
+        return super().exception(0)
+
+    def cancel(self) -> bool:
+        cancelled = super().cancel()
+        if cancelled:
+            self._wake()
+        return cancelled
 
     def set_result(self, result: Any) -> None:
         with self._condition:
@@ -107,6 +166,7 @@ class PoolFuture(Future[Any]):
                 self._end_cancelled()
                 return
             super().set_result(result)
+        self._wake()
 
     def set_exception(self, exception: BaseException | None) -> None:
         with self._condition:
@@ -114,6 +174,7 @@ class PoolFuture(Future[Any]):
                 self._end_cancelled()
                 return
             super().set_exception(exception)
+        self._wake()
 
     def _end_cancelled(self) -> None:
         """End cancelled whatever the state (running included), waking every waiter."""
@@ -125,6 +186,7 @@ class PoolFuture(Future[Any]):
             for waiter in self._waiters:
                 waiter.add_cancelled(self)
             self._condition.notify_all()
+        self._wake()
         if state != _base.CANCELLED:  # cancel() already ran the callbacks
             self._invoke_callbacks()
 

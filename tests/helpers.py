@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -162,8 +163,19 @@ class Scenario:
         return sent
 
     def wait(self, timeout: float = 30) -> tuple[int, float, str, str]:
-        """Exit code, the time it exited (monotonic), the rest of stdout, and stderr."""
-        out, err = self.proc.communicate(timeout=timeout)
+        """Exit code, the time it exited (monotonic), the rest of stdout, and stderr.
+        If it does not end in time, it is made to write every thread's stack (SIGABRT:
+        faulthandler is on), which the AssertionError shows."""
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(self.proc.pid, signal.SIGABRT)
+            try:
+                out, err = self.proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                out, err = "", "(no stack: it did not end on SIGABRT either)"
+            raise AssertionError(f"the scenario did not end in {timeout} s; its stdout:\n"
+                                 f"{self._pending + out}\nits stderr:\n{err}") from None
         return self.proc.returncode, time.monotonic(), self._pending + out, err
 
     def close(self) -> None:

@@ -128,3 +128,47 @@ def test_a_stopped_task_ends_cancelled_even_if_it_finishes_first(ctx):
             cf.wait([future], 60)
         assert all(f.cancelled() for f in stopped)  # stop() returning True is a promise
         assert all(f.result() == i for i, f in enumerate(futures) if f not in stopped)
+
+
+def test_a_caller_waiting_for_a_result_takes_no_lock_the_dispatcher_needs():
+    # A Ctrl-C can leave a lock taken inside a Python-level __enter__ for good; the
+    # dispatcher once blocked for ever in set_result() on the lock of an interrupted wait.
+    # So a caller waiting for a result must not take the future's lock before it is done.
+    from pool._futures import PoolFuture
+    future = PoolFuture()
+    real = future._condition
+    taken_while_pending = []
+
+    class Spy:
+        def _note(self):
+            if future._state not in ("CANCELLED", "CANCELLED_AND_NOTIFIED", "FINISHED"):
+                taken_while_pending.append(threading.current_thread().name)
+
+        def __enter__(self):
+            self._note()
+            return real.__enter__()
+
+        def __exit__(self, *exc):
+            return real.__exit__(*exc)
+
+        def acquire(self, *args, **kwargs):
+            self._note()
+            return real.acquire(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+    future._condition = Spy()
+    waiters = [threading.Thread(target=future.result, name="result"),
+               threading.Thread(target=future.exception, name="exception"),
+               threading.Thread(target=lambda: future.result(60), name="result-timeout")]
+    for waiter in waiters:
+        waiter.start()
+    # All three are waiting (or, as a wait through the future's lock would, have taken it).
+    assert wait_until(lambda: taken_while_pending or len(future._wakers) == 3, 10)
+    future.set_result(7)  # (the dispatcher's side takes the lock, of course)
+    for waiter in waiters:
+        waiter.join(10)
+    assert not any(w.is_alive() for w in waiters)
+    assert [name for name in taken_while_pending if name != "MainThread"] == []
+    assert future.result() == 7
