@@ -110,9 +110,14 @@ class PoolFuture(Future[Any]):
             return True
         latch = Latch()
         self._wakers.append(latch)  # then look again: _wake sets the state, then reads this
-        if self._state in _DONE_STATES:
-            return True
-        return latch.wait(timeout)
+        try:
+            return self._state in _DONE_STATES or latch.wait(timeout)
+        finally:
+            if not latch.is_set:  # timed out or interrupted: a poller must not pile them up
+                try:
+                    self._wakers.remove(latch)
+                except ValueError:
+                    pass
 
     def _wake(self) -> None:
         """Release the waiters (after the state became a done one)."""

@@ -172,3 +172,16 @@ def test_a_caller_waiting_for_a_result_takes_no_lock_the_dispatcher_needs():
     assert not any(w.is_alive() for w in waiters)
     assert [name for name in taken_while_pending if name != "MainThread"] == []
     assert future.result() == 7
+
+
+def test_polling_a_result_with_a_timeout_leaves_nothing_behind():
+    from pool._futures import PoolFuture
+    future = PoolFuture()
+    for _ in range(100):
+        with pytest.raises(cf.TimeoutError):
+            future.result(0)
+        with pytest.raises(cf.TimeoutError):
+            future.exception(0.001)
+    assert future._wakers == []
+    future.set_result(3)
+    assert future.result(0) == 3 and future.exception(0) is None
