@@ -10,10 +10,12 @@ Guarantees:
   busy, up to a limit); one that raises anything, even ``SystemExit`` or
   ``KeyboardInterrupt``, is logged and the next one runs;
 - ``stop()`` is decided at once, under the future's own lock: if it returns True the future
-  ends cancelled, even if a result arrives before the worker is killed.
+  ends cancelled, even if a result arrives before the worker is killed;
+- a caller waiting in ``result()`` / ``exception()`` (or ``Dispatcher.join``) holds no lock
+  the dispatcher needs (it waits on a ``Latch``), so a Ctrl-C in the wait cannot deadlock it.
 Assumes: ``concurrent.futures.Future`` keeps its state in ``_state`` under ``_condition``,
 notifies ``_waiters`` and runs callbacks through ``_invoke_callbacks()`` (true from 3.2 to
-3.14; ``tests/test_futures.py`` pins it).
+3.14; ``tests/test_lifecycle.py`` and ``tests/test_timeouts.py`` pin it).
 """
 
 from __future__ import annotations
