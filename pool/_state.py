@@ -84,7 +84,6 @@ class StateMachine:
         # How many slots are in each state: lets _schedule, which runs on every event,
         # skip its passes over the slots when they cannot do anything.
         self._in_state = collections.Counter({SlotState.UNUSED: max_workers})
-        self._vacant, self._retiring = max_workers, 0
 
     # -- queries ------------------------------------------------------------------------
 
@@ -113,8 +112,9 @@ class StateMachine:
             head = self._tasks[slot.in_flight[0]]
             if head.deadline is not None:
                 deadlines.append(head.deadline)
-            if len(slot.in_flight) > 1 and not head.kept_alone and head.started is not None:
-                deadlines.append(head.started + RECLAIM_AFTER_SECONDS)
+            reclaim_at = self._reclaim_deadline(slot, head)
+            if reclaim_at is not None:
+                deadlines.append(reclaim_at)
         return min(deadlines, default=None)
 
     # -- transitions ------------------------------------------------------------------------
@@ -134,9 +134,6 @@ class StateMachine:
         self._in_state[slot.state] -= 1
         self._in_state[new] += 1
         slot.state = new
-        # Read on every event (plain ints: hashing an Enum member runs Python code).
-        self._vacant = self._in_state[SlotState.EMPTY] + self._in_state[SlotState.UNUSED]
-        self._retiring = self._in_state[SlotState.RETIRING]
         if new is not SlotState.STOPPING:
             slot.escalation = slot.deadline = slot.ending = None
         if new is SlotState.EMPTY:
@@ -345,9 +342,8 @@ class StateMachine:
                                     f"not tasks in flight there {in_flight}")
         head_taken = in_flight[0] in taken
         slot.in_flight = deque(t for t in in_flight if t not in taken)
-        slot.in_flight.extend(task_ids)  # where _requeue_in_flight takes them from
         slot.assigned_count -= len(task_ids)
-        actions = self._requeue_in_flight(slot, len(task_ids))
+        actions = self._requeue(task_ids)
         if head_taken and slot.in_flight:
             actions += self._start_running(slot, self._tasks[slot.in_flight[0]])
         if (slot.state is SlotState.RETIRING and not self._quota_used(slot)
@@ -387,12 +383,19 @@ class StateMachine:
         """Running tasks with tasks queued behind them that may still be taken back, and
         when that is to be done."""
         heads = []
-        for slot in self.slots:
-            if len(slot.in_flight) > 1 and slot.state in _RUNNING_STATES:
-                head = self._tasks[slot.in_flight[0]]
-                if not head.kept_alone and head.started is not None:
-                    heads.append((slot, head, head.started + RECLAIM_AFTER_SECONDS))
+        for slot, head in self._timed_running():
+            reclaim_at = self._reclaim_deadline(slot, head)
+            if reclaim_at is not None:
+                heads.append((slot, head, reclaim_at))
         return heads
+
+    @staticmethod
+    def _reclaim_deadline(slot: Slot, head: Task) -> float | None:
+        """When the tasks queued behind ``head`` (running in ``slot``) are to be taken back;
+        None if none are, or that was done already."""
+        if len(slot.in_flight) > 1 and not head.kept_alone and head.started is not None:
+            return head.started + RECLAIM_AFTER_SECONDS
+        return None
 
     def _quota_used(self, slot: Slot) -> bool:
         return self._max_tasks is not None and slot.assigned_count >= self._max_tasks
@@ -411,13 +414,18 @@ class StateMachine:
             return FailTerminated(task.task_id, slot.index)
         return FailDied(task.task_id, slot.index)
 
-    def _requeue_in_flight(self, slot: Slot, count: int | None = None) -> list[Action]:
-        """Requeue the slot's last ``count`` tasks in flight (all by default)."""
-        # Sent to the worker but never started: safe to run elsewhere, ahead of the queue
-        # so that they keep their place; when terminating, they are cancelled instead.
+    def _requeue_in_flight(self, slot: Slot) -> list[Action]:
+        task_ids = list(slot.in_flight)
+        slot.in_flight.clear()
+        return self._requeue(task_ids)
+
+    def _requeue(self, task_ids: list[int]) -> list[Action]:
+        """Tasks sent to a worker (in send order) that never started: safe to run elsewhere,
+        ahead of the queue so that they keep their place; when terminating, or when their
+        caller asked to stop them, they are cancelled instead."""
         actions: list[Action] = []
-        for _ in range(len(slot.in_flight) if count is None else count):
-            task = self._tasks[slot.in_flight.pop()]
+        for task_id in reversed(task_ids):
+            task = self._tasks[task_id]
             if self.terminating or task.stop_requested:
                 self._move_task(task, TaskState.CANCELLED)
                 actions.append(Stopped(task.task_id))
@@ -484,7 +492,7 @@ class StateMachine:
     def _spawn(self) -> list[Action]:
         if self.broken or self.terminating:
             return []
-        if not self._vacant:
+        if not (self._in_state[SlotState.EMPTY] or self._in_state[SlotState.UNUSED]):
             return []  # every slot has a process: nothing to start (the common case)
         actions: list[Action] = []
         capacity = 0  # places where a queued task could start soon
@@ -511,7 +519,7 @@ class StateMachine:
     def _stop_idle(self) -> list[Action]:
         """Stop retired workers; when draining, also every worker with nothing left to do."""
         actions: list[Action] = []
-        if self.phase is Phase.OPEN and not self._retiring:
+        if self.phase is Phase.OPEN and not self._in_state[SlotState.RETIRING]:
             return actions  # the common case, checked cheaply
         draining = self.phase is Phase.DRAINING and not self._queue
         for slot in self.slots:
