@@ -313,9 +313,9 @@ class Dispatcher:
             if isinstance(command, Submit):
                 record = command.record
                 self._tasks[record.info.task_id] = record
-                self._perform(self._machine.submit(
-                    record.info.task_id, pipelinable=_wire.size_of(record.body) <= PIPELINE_MAX_BYTES,
-                    timeout=record.timeout, schedule=False))
+                pipelinable = _wire.size_of(record.body) <= PIPELINE_MAX_BYTES
+                self._perform(self._machine.submit(record.info.task_id, pipelinable=pipelinable,
+                                                   timeout=record.timeout, schedule=False))
                 unscheduled = True
                 continue
             if unscheduled:
@@ -490,7 +490,8 @@ class Dispatcher:
         elif isinstance(action, _state.Spawn):
             return self._spawn(action.slot)
         elif isinstance(action, _state.Reclaim):
-            return self._machine.tasks_reclaimed(action.slot, self._workers[action.slot].reclaim())
+            taken_back = self._workers[action.slot].reclaim()
+            return self._machine.tasks_reclaimed(action.slot, taken_back)
         elif isinstance(action, _state.Stop):
             self._workers[action.slot].close_task_pipe()
         elif isinstance(action, _state.Signal):
@@ -529,10 +530,8 @@ class Dispatcher:
         """Write every frame queued this turn (so replies read in one batch are answered in
         one batch), after collecting the threads that finished writing a large frame."""
         for slot, worker in list(self._workers.items()):
-            if worker.writer is not None:
-                failed = worker.collect_writer()
-                if failed is not None and failed >= 0:
-                    self._perform(self._machine.send_failed(slot, failed))
+            if worker.writer is not None and (failed := worker.collect_writer()) is not None:
+                self._perform(self._machine.send_failed(slot, failed))
         while pending := [(slot, w) for slot, w in self._workers.items()
                           if w.outbox and w.writer is None]:
             for slot, worker in pending:

@@ -193,7 +193,7 @@ class WorkerHandle:
             self.writer = _FrameWriter(self.task_fd, *frames[0], self.reclaim_fd is not None,
                                        self._on_write_done)
             return []
-        if self.reclaim_fd is None or len(frames) == 1:
+        if self.reclaim_fd is None:
             written = _wire.write_frames(self.task_fd, Kind.CALL, frames)
         else:  # one write per frame: one packet each
             written = 0
@@ -201,17 +201,17 @@ class WorkerHandle:
                 if _wire.write_frames(self.task_fd, Kind.CALL, [frame]) == 0:
                     break
                 written += 1
-        return [task_id for task_id, _ in frames[written:]] if written < len(frames) else []
+        return [task_id for task_id, _ in frames[written:]]
 
     def collect_writer(self) -> int | None:
-        """If the thread writing a large frame has finished: the task id, if the frame could
-        not be written whole (the worker is gone), else -1. None while it still writes."""
+        """Let go of a thread that has finished writing a large frame; the task's id if the
+        frame could not be written whole (the worker is gone, it never got it), else None."""
         writer = self.writer
         if writer is None or not writer.done:
             return None
         writer.join()
         self.writer = None
-        return writer.task_id if writer.failed else -1
+        return writer.task_id if writer.failed else None
 
     def reclaim(self) -> list[int]:
         """Take back the tasks the worker has not read, with those not yet written; their
