@@ -206,12 +206,12 @@ class PipeRoom:
     def fit(self, frame_bytes: int) -> None:
         """Call before writing ``frame_bytes`` (a frame, or several at once)."""
         if frame_bytes > self.LARGE_FRAME:
-            if self._usual is None and _SETPIPE is not None:
+            usual = pipe_capacity(self.fd) if self._usual is None else None
+            if usual is not None and usual < self.ROOM:
+                assert _SETPIPE is not None  # pipe_capacity knew the size: Linux
                 try:
-                    usual = fcntl.fcntl(self.fd, _GETPIPE)
-                    if usual < self.ROOM:
-                        fcntl.fcntl(self.fd, _SETPIPE, self.ROOM)
-                        self._usual = usual
+                    fcntl.fcntl(self.fd, _SETPIPE, self.ROOM)
+                    self._usual = usual
                 except OSError:
                     pass  # over the user's limit, or above pipe-max-size: stay as it is
         elif self._usual is not None and _SETPIPE is not None:
@@ -223,10 +223,11 @@ class PipeRoom:
 
 
 class FrameStream:
-    """Blocking frame reader for the worker: one read takes every frame already waiting in
-    the pipe (small pipelined calls). A large body is not read here: the frame carries a
-    ``BodyReader``, so that unpickling it reads large byte strings straight from the pipe
-    into the objects the unpickler makes (no buffer in between)."""
+    """Blocking frame reader for the worker. From a packet-mode pipe each read takes one
+    frame, so the frames behind it stay in the pipe, where the parent can take them back;
+    from a plain pipe, one read takes what is there. A large body is not read here: the
+    frame carries a ``BodyReader``, so that unpickling it reads large byte strings straight
+    from the pipe into the objects the unpickler makes (no buffer in between)."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
