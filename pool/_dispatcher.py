@@ -130,6 +130,11 @@ class Dispatcher:
         # wait cannot leave locked for the loop to block on (see _futures.Latch).
         self._ended = Latch()
         self.broken_error: BaseException | None = None
+        # Published by the loop for callers to read (replaced whole, never mutated): the
+        # live workers' Process objects by pid (``executor._processes``), and
+        # ``StateMachine.census()`` as of the end of the last turn (for ``repr``).
+        self.processes: dict[int, Any] = {}
+        self.census = (0, 0)
         self._thread: threading.Thread | None = None
         self._wakeup: Wakeup | None = None
         self._lifeline: tuple[int, int] | None = None
@@ -238,6 +243,11 @@ class Dispatcher:
     def thread(self) -> threading.Thread | None:
         return self._thread
 
+    @property
+    def closing(self) -> bool:
+        """``shutdown()`` (or a terminate) was called: no more submissions."""
+        return self._closing
+
     def close_in_forked_child(self) -> None:
         """Runs in a child that some thread of ours forked (``os.register_at_fork``): close
         the copies of the descriptors that decide when workers exit, so that a long-lived
@@ -293,6 +303,7 @@ class Dispatcher:
         self.handle_exits(ready)
         self.fire_deadlines()
         self.flush_sends()
+        self.census = self._machine.census()
 
     def _watched(self) -> list[int]:
         assert self._wakeup is not None
@@ -412,6 +423,7 @@ class Dispatcher:
     def _worker_gone(self, slot: int, worker: WorkerHandle) -> None:
         ended = worker.finish()
         del self._workers[slot]
+        self._publish_processes()
         if ended.exitcode is None:
             logger.error("%s: worker pid %d exited but could not be reaped", self.name,
                          ended.pid)
@@ -511,6 +523,7 @@ class Dispatcher:
         """The worker outlived SIGKILL's grace (stuck in the kernel): report it by pid, free
         its slot, and try once more to reap it when the pool ends."""
         worker = self._workers.pop(slot)
+        self._publish_processes()
         logger.error("%s: worker pid %d is still alive %g s after SIGKILL; giving up on it "
                      "(its slot gets a new worker)", self.name, worker.pid, self._timeouts.kill)
         ended = worker.abandon()
@@ -559,7 +572,12 @@ class Dispatcher:
         except Exception as exc:
             self._start_failures.spawn_raised(exc)
             return self._machine.spawn_failed(slot)
+        self._publish_processes()
         return []
+
+    def _publish_processes(self) -> None:
+        self.processes = {w.pid: w.process for w in self._workers.values()
+                          if w.process is not None}
 
     def _wakeup_fds(self) -> tuple[int, ...]:
         return self._wakeup.fds if self._wakeup is not None else ()
@@ -588,6 +606,7 @@ class Dispatcher:
                 logger.error("%s: worker pid %d could not be reaped", self.name, worker.pid)
                 self._abandoned.append(worker)
             del self._workers[slot]
+        self._publish_processes()
         for worker in self._abandoned:  # one last try; a process stuck for good stays named
             if not worker.reap_abandoned(timeout=0.1):
                 logger.error("%s: worker pid %d was never confirmed gone", self.name, worker.pid)

@@ -27,6 +27,7 @@ __all__ = [
     "RemoteTaskError",
     "ResultTransferError",
     "ArgumentPicklingError",
+    "ArgumentUnpicklingError",
 ]
 
 _short = reprlib.Repr()
@@ -250,14 +251,17 @@ class WorkerProtocolError(BrokenProcessPool):
     """
 
 
-class RemoteTaskError(Exception):
+class RemoteTaskError(BrokenProcessPool):
     """The task raised an exception that could not be brought back as itself.
 
-    Raised by ``future.result()`` when the worker could not pickle the task's exception, or
-    the parent could not unpickle it (for example a class whose ``__init__`` needs arguments
-    that ``args`` does not hold, or a class the parent cannot import). Carries the original
-    ``type_name``, ``message`` and the worker's ``remote_traceback`` as text, and ``reason``,
-    why the exception itself could not be transferred.
+    Raised by ``future.result()`` when the parent could not unpickle the task's exception
+    (for example a class whose ``__init__`` needs arguments that ``args`` does not hold, or a
+    class the parent cannot import): a ``BrokenProcessPool``, as the stdlib raises there
+    (where it also breaks the pool; here only this future fails). When it is the *worker*
+    that cannot pickle the exception, ``result()`` raises the pickling error itself, as the
+    stdlib does, and this class is its ``__cause__``. Carries the original ``type_name``,
+    ``message`` and the worker's ``remote_traceback`` as text, and ``reason``, why the
+    exception itself could not be transferred.
     """
 
     def __init__(self, type_name: str, message: str, remote_traceback: str,
@@ -274,12 +278,14 @@ class RemoteTaskError(Exception):
                 f"Remote traceback:\n{self.remote_traceback.rstrip()}")
 
 
-class ResultTransferError(Exception):
-    """The task returned, but its return value could not be brought back.
+class ResultTransferError(BrokenProcessPool):
+    """The task returned, but the parent could not unpickle its return value.
 
-    Raised by ``future.result()`` when the worker could not pickle the value, or the parent
-    could not unpickle it. ``stage`` is ``"pickling in the worker"`` or ``"unpickling in the
-    parent"``; ``reason`` says what failed. The worker and the pool carry on.
+    Raised by ``future.result()`` of that task only (the stdlib raises
+    ``BrokenProcessPool`` here and breaks the pool; this is one). ``__cause__`` is the
+    unpickler's error; ``stage`` is ``"unpickling in the parent"``, ``reason`` says what
+    failed. A value the *worker* cannot pickle raises the pickling error itself, as in the
+    stdlib, with a note naming the value's type. The worker and the pool carry on.
     """
 
     def __init__(self, type_name: str | None, stage: str, reason: str) -> None:
@@ -294,8 +300,21 @@ class ResultTransferError(Exception):
 
 
 class ArgumentPicklingError(pickle.PicklingError):
-    """``submit()`` or ``map()`` was given a call that cannot be pickled.
+    """The task's function or arguments cannot be pickled.
 
-    Raised in the caller's thread, before anything is queued; names the argument (or the
-    function) that failed, and chains the pickler's own error as ``__cause__``.
+    Raised by ``future.result()`` of that task: ``submit()`` and ``map()`` return a future
+    that has already failed with it, as the stdlib's future fails (so a loop of submits is
+    not cut short); nothing is sent to a worker. Names the argument (or the function) that
+    failed, and chains the pickler's own error as ``__cause__``. A ``pickle.PicklingError``,
+    so ``except PicklingError`` written for the stdlib catches it.
+    """
+
+
+class ArgumentUnpicklingError(BrokenProcessPool):
+    """The worker could not unpickle the task's function or arguments.
+
+    Raised by ``future.result()`` of that task (for example: the function's module cannot
+    be imported in the worker, or an argument's reducer raises there). ``__cause__`` is
+    the worker's own error, with its remote frames. A ``BrokenProcessPool``, as the stdlib
+    raises here (where the worker dies and the pool breaks); here the worker carries on.
     """

@@ -15,6 +15,8 @@ import itertools
 import multiprocessing
 import os
 import signal
+import sys
+import threading
 import time
 import weakref
 from concurrent.futures import Executor, Future
@@ -23,6 +25,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from . import _wire
 from ._dispatcher import Dispatcher
+from ._errors import ArgumentPicklingError
 from ._futures import PoolFuture
 from ._records import Timeouts
 
@@ -142,8 +145,9 @@ class ProcessPool(Executor):
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         """Schedule ``fn(*args, **kwargs)``; returns a ``concurrent.futures.Future``.
 
-        Raises :class:`pool.ArgumentPicklingError` here, in the caller's thread, if the call
-        cannot be pickled; ``RuntimeError`` after shutdown; the pool's error if it broke.
+        If the call cannot be pickled, the future it returns has already failed with
+        :class:`pool.ArgumentPicklingError` (a ``pickle.PicklingError``) and nothing is sent.
+        Raises ``RuntimeError`` after shutdown, and the pool's error if it broke.
         """
         return self._submit(fn, args, kwargs, self._task_timeout)
 
@@ -167,8 +171,11 @@ class ProcessPool(Executor):
         if not callable(fn):
             raise TypeError(f"{fn!r} is not callable")
         self._dispatcher.check_open()
-        body = _wire.encode_call(_wire.dumps_callable(fn),
-                                 _wire.dumps_arguments(fn, args, kwargs))
+        try:
+            body = _wire.encode_call(_wire.dumps_callable(fn),
+                                     _wire.dumps_arguments(fn, args, kwargs))
+        except ArgumentPicklingError as exc:
+            return _failed(exc)
         return self._dispatcher.submit(fn, args, kwargs, body, timeout)
 
     def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None,
@@ -197,10 +204,21 @@ class ProcessPool(Executor):
         elif chunksize > 1:
             runner = functools.partial(_process_chunk, fn)
             batches = ((chunk,) for chunk in _batched(batches, chunksize))
-        fn_blob = _wire.dumps_callable(runner)
+        try:
+            fn_blob = _wire.dumps_callable(runner)
+        except ArgumentPicklingError as exc:
+            fn_error: ArgumentPicklingError | None = exc
+        else:
+            fn_error = None
 
         def submit_batch(args: tuple[Any, ...]) -> Future[Any]:
-            body = _wire.encode_call(fn_blob, _wire.dumps_arguments(fn, args, {}))
+            # Each batch fails on its own, as with the stdlib: the others still run.
+            if fn_error is not None:
+                return _failed(fn_error)
+            try:
+                body = _wire.encode_call(fn_blob, _wire.dumps_arguments(fn, args, {}))
+            except ArgumentPicklingError as exc:
+                return _failed(exc)
             return self._dispatcher.submit(fn, args, {}, body, self._task_timeout)
 
         futures: collections.deque[Future[Any]] = collections.deque()
@@ -214,8 +232,39 @@ class ProcessPool(Executor):
         results = _ordered_results(futures, batches if buffersize else iter(()),
                                    submit_batch, end_time)
         if chunksize > 1:
-            return itertools.chain.from_iterable(results)
+            return _items_of_chunks(results)
         return results
+
+    @property
+    def _processes(self) -> dict[int, Any]:
+        """The live workers, ``{pid: multiprocessing Process}``, as in the stdlib (where code
+        reads it to find or signal workers). A snapshot the pool's thread publishes when a
+        worker starts or is reaped: workers start on demand, on that thread, so right after
+        ``submit()`` the new worker may not be listed yet."""
+        return self._dispatcher.processes
+
+    @property
+    def _executor_manager_thread(self) -> threading.Thread | None:
+        """The pool's dispatcher thread (the stdlib's name for its manager thread); None
+        before the first ``submit()``. It ends once the pool is shut down and every worker
+        is gone."""
+        return self._dispatcher.thread
+
+    def __repr__(self) -> str:
+        dispatcher = self._dispatcher
+        if dispatcher.broken_error is not None:
+            state = "broken"
+        elif dispatcher.finished.done():
+            state = "shut down"
+        elif dispatcher.closing:
+            state = "shutting down"
+        else:
+            state = "running"
+        queued, sent = dispatcher.census
+        return (f"<{type(self).__module__}.{type(self).__qualname__} {state}: "
+                f"{len(dispatcher.processes)} of {self._max_workers} workers "
+                f"({self._mp_context.get_start_method()}), {queued} queued, "
+                f"{sent} sent to workers>")
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop taking tasks; finish the ones submitted, then end every worker.
@@ -241,7 +290,7 @@ class ProcessPool(Executor):
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+        if _means_stop(exc_type):
             self.terminate_workers()  # do not make the user wait for what they interrupted
         else:
             self.shutdown(wait=True)
@@ -254,8 +303,7 @@ class ProcessPool(Executor):
         """``async with``: as ``with``, but waits for the tasks without blocking the event
         loop; if that wait is cancelled (or interrupted), the workers are terminated."""
         import asyncio
-        if exc_type is not None and issubclass(exc_type, (KeyboardInterrupt,
-                                                          asyncio.CancelledError)):
+        if _means_stop(exc_type):
             self.terminate_workers()
             return
         self._dispatcher.shutdown(wait=False, cancel_futures=False)
@@ -269,6 +317,35 @@ class ProcessPool(Executor):
 ProcessPoolExecutor = ProcessPool
 
 
+def _means_stop(exc_type: type[BaseException] | None) -> bool:
+    """Leaving a ``with`` block by Ctrl-C or by asyncio cancellation asks to stop, not to
+    wait for the running tasks. (``asyncio`` is looked up, not imported: if it was never
+    imported, the exception cannot be its ``CancelledError``.)"""
+    if exc_type is None:
+        return False
+    if issubclass(exc_type, KeyboardInterrupt):
+        return True
+    asyncio = sys.modules.get("asyncio")
+    return asyncio is not None and issubclass(exc_type, asyncio.CancelledError)
+
+
+def _failed(error: BaseException) -> PoolFuture:
+    """A future that has already failed: a call that could not be sent."""
+    future = PoolFuture()
+    future.set_exception(error)
+    return future
+
+
+def _items_of_chunks(chunks: Iterator[list[Any]]) -> Iterator[Any]:
+    """Flatten ``map``'s chunk results, holding on to no item once it is yielded (a long
+    map over large results must not keep them alive: CPython's test_free_reference)."""
+    for chunk in chunks:
+        chunk.reverse()
+        while chunk:
+            yield chunk.pop()
+        del chunk
+
+
 def _ordered_results(futures: collections.deque[Future[Any]], more: Iterator[tuple[Any, ...]],
                      submit_batch: Callable[[tuple[Any, ...]], Future[Any]],
                      end_time: float | None) -> Iterator[Any]:
@@ -277,10 +354,10 @@ def _ordered_results(futures: collections.deque[Future[Any]], more: Iterator[tup
             args = next(more, None)
             if args is not None:
                 futures.append(submit_batch(args))
-            future = futures.popleft()
             timeout = None if end_time is None else end_time - time.monotonic()
-            yield _result_or_cancel(future, timeout)
-            del future
+            # No local names the future while the result is out with the caller: once
+            # yielded, a result is kept alive by nothing here.
+            yield _result_or_cancel(futures.popleft(), timeout)
     finally:
         for future in futures:
             future.cancel()

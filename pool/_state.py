@@ -100,6 +100,10 @@ class StateMachine:
     def queued(self) -> list[int]:
         return list(self._queue)
 
+    def census(self) -> tuple[int, int]:
+        """``(queued, sent)``: tasks waiting for a worker, and tasks a worker holds."""
+        return len(self._queue), sum(len(slot.in_flight) for slot in self.slots)
+
     def next_deadline(self) -> float | None:
         """The earliest time ``tick`` has something to do: an escalation step, a task
         timeout, or taking back the tasks behind a long one. (One pass: runs every turn.)"""

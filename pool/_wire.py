@@ -63,8 +63,7 @@ class Kind(enum.IntEnum):
     CALL = 1          # body: encode_call(...)
     READY = 2         # the worker is up and its initializer succeeded; empty body
     RESULT = 3        # body: the pickled return value
-    RAISED = 4        # body: encode_exception(...)
-    UNSENDABLE = 5    # body: pickled (type name, reason): the return value did not pickle
+    RAISED = 4        # body: encode_exception(...) (also: the return value did not pickle)
     INIT_FAILED = 6   # body: encode_exception(...) of the initializer's exception
     OVER_MEMORY = 7   # body: resident bytes, as u64; sent just before the reply it follows
 
@@ -419,11 +418,15 @@ def dumps_callable(fn: Callable[..., Any]) -> bytes:
     if getattr(fn, "__module__", None) != "__main__" or _main_importable_by_workers():
         try:
             return pickle.dumps(fn, PROTOCOL)
-        except Exception:
+        except KeyboardInterrupt:
+            raise
+        except BaseException:
             pass  # a lambda or closure: fall through to pickling by value
     try:
         return bytes(cloudpickle.dumps(_KeepFilename.wrap(fn), PROTOCOL))
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a reducer's SystemExit too: it fails this call only
         raise ArgumentPicklingError(
             f"cannot pickle the function {callable_name(fn)}: {type(exc).__name__}: {exc}"
         ) from exc
@@ -528,13 +531,19 @@ _picklers = _KeptPicklers()
 def dumps_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
                     ) -> Buffers:
     """Pickle ``(args, kwargs)``; on failure, name the argument that does not pickle."""
+    # BaseException: a user reducer runs here, and even its SystemExit fails only this call;
+    # a Ctrl-C is the user's, and goes on.
     try:
         return _picklers.dump((args, kwargs), _Snapshot)
-    except Exception:
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
         pass
     try:
         return _dump((args, kwargs), _Snapshot, cloudpickle.Pickler)
-    except Exception as exc:
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
         raise _name_unpicklable_argument(fn, args, kwargs) from exc
 
 
@@ -545,7 +554,9 @@ def _name_unpicklable_argument(fn: Callable[..., Any], args: tuple[Any, ...],
     for label, value in named:
         try:
             cloudpickle.dumps(value, PROTOCOL)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:
             return ArgumentPicklingError(
                 f"cannot pickle {label} of {callable_name(fn)}() "
                 f"(a {type(value).__qualname__}): {type(exc).__name__}: {exc}")
@@ -580,7 +591,8 @@ def load_arguments(source: Any) -> Any:
 # --- outcomes (pickled in the worker, decoded by the dispatcher) ---------------------------
 
 def encode_result(value: Any) -> tuple[Kind, Buffers]:
-    """Pickle a return value; if it cannot be, an UNSENDABLE frame says why."""
+    """Pickle a return value; if it cannot be, a RAISED frame carries the pickling error
+    itself (as the stdlib raises it), with a note naming the value's type."""
     # BaseException throughout: a user __reduce__ runs here, and even its SystemExit must
     # fail only this result, not end the worker.
     try:
@@ -590,8 +602,9 @@ def encode_result(value: Any) -> tuple[Kind, Buffers]:
     try:
         return Kind.RESULT, _dump(value, _Borrow, cloudpickle.Pickler)
     except BaseException as exc:
-        reason = f"{type(exc).__name__}: {exc}"
-        return Kind.UNSENDABLE, [pickle.dumps((type(value).__qualname__, reason), PROTOCOL)]
+        exc.add_note(f"(raised while pickling the task's return value, a "
+                     f"{type(value).__qualname__}, in the worker)")
+        return Kind.RAISED, [encode_exception(exc)]
 
 
 def _reduce_with_traceback(obj: Any) -> Any:
@@ -638,22 +651,35 @@ def encode_exception(exc: BaseException) -> bytes:
 
     The text travels always, so the parent can still explain an exception that it fails to
     unpickle. The worker checks the round trip itself, as most unpickling failures (an
-    ``__init__`` that ``args`` cannot satisfy) show up the same on both sides.
+    ``__init__`` that ``args`` cannot satisfy) show up the same on both sides. If the
+    exception cannot be pickled, the pickling error goes in its place (``reason`` says so):
+    the stdlib raises that error too, and the parent chains the original to it as text.
     """
     text = "".join(traceback.format_exception(exc))
     type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
-    message = _safe_str(exc)
+    message = safe_str(exc)
+    blob: bytes | None = None
+    reason = ""
     try:
-        checked = _pickle_with_traceback(exc)
-        pickle.loads(checked)
-        blob: bytes | None = checked
-        reason = ""
+        blob = _round_trip(exc)
     except BaseException as err:  # user reducers run here too
-        blob, reason = None, f"{type(err).__name__}: {err}"
+        reason = f"{type(err).__name__}: {safe_str(err)}"
+        if err.__context__ is exc:  # raised while exc was being handled; exc will not pickle
+            err.__context__ = None
+        try:
+            blob = _round_trip(err)  # the pickling error itself, raised in the parent
+        except BaseException:
+            blob = None
     return pickle.dumps((blob, type_name, message, text, reason), PROTOCOL)
 
 
-def _safe_str(exc: BaseException) -> str:
+def _round_trip(exc: BaseException) -> bytes:
+    checked = _pickle_with_traceback(exc)
+    pickle.loads(checked)
+    return checked
+
+
+def safe_str(exc: BaseException) -> str:
     try:
         return str(exc)
     except BaseException:
@@ -672,26 +698,30 @@ def _envelope(body: bytes | bytearray, size: int) -> tuple[Any, ...]:
 
 
 def decode_exception(body: bytes | bytearray) -> BaseException:
-    """Rebuild what ``encode_exception`` sent: the exception itself, or a RemoteTaskError.
+    """Rebuild what ``encode_exception`` sent: the exception itself; the error that kept the
+    worker from pickling it, with the original as a ``RemoteTaskError`` cause; or, if the
+    parent cannot unpickle it, a ``RemoteTaskError``.
 
     Raises MalformedFrame if the body is not what ``encode_exception`` makes.
     """
     blob, type_name, message, text, reason = _envelope(body, 5)
+    if reason:
+        reason = f"pickling in the worker failed: {reason}"
     if blob is not None:
         try:
             exc = pickle.loads(blob)
             if isinstance(exc, BaseException):
+                if reason:  # the pickling error, standing in for the task's exception
+                    exc.__cause__ = RemoteTaskError(type_name, message, text, reason)
                 return exc
             reason = f"unpickled to a {type(exc).__name__}, not an exception"
         except BaseException as err:  # user reducers run here; even SystemExit is theirs
             reason = f"unpickling in the parent failed: {type(err).__name__}: {err}"
-    else:
-        reason = f"pickling in the worker failed: {reason}"
     return RemoteTaskError(type_name, message, text, reason)
 
 
 def decode_outcome(frame: Frame) -> tuple[bool, Any]:
-    """``(True, value)`` or ``(False, exception)`` for a RESULT, RAISED or UNSENDABLE frame.
+    """``(True, value)`` or ``(False, exception)`` for a RESULT or RAISED frame.
 
     A payload that fails to unpickle is that task's error; a body that is not the pool's
     own envelope raises MalformedFrame (the worker is not speaking the protocol).
@@ -700,11 +730,14 @@ def decode_outcome(frame: Frame) -> tuple[bool, Any]:
         try:
             return True, pickle.loads(frame.body)
         except BaseException as err:  # user reducers run here; even SystemExit is theirs
-            return False, ResultTransferError(
-                None, "unpickling in the parent", f"{type(err).__name__}: {err}")
+            error = ResultTransferError(None, "unpickling in the parent",
+                                        f"{type(err).__name__}: {err}")
+            # Keep where it failed (the user's reducer), not what the frames held: this
+            # frame holds the body, which may be large, and the future keeps this error.
+            err.__traceback__ = err.__traceback__.tb_next if err.__traceback__ else None
+            traceback.clear_frames(err.__traceback__)
+            error.__cause__ = err
+            return False, error
     if frame.kind is Kind.RAISED:
         return False, decode_exception(frame.body)
-    if frame.kind is not Kind.UNSENDABLE:
-        raise MalformedFrame(f"a {frame.kind.name} frame carries no outcome")
-    type_name, reason = _envelope(frame.body, 2)
-    return False, ResultTransferError(type_name, "pickling in the worker", reason)
+    raise MalformedFrame(f"a {frame.kind.name} frame carries no outcome")

@@ -38,6 +38,7 @@ from typing import Any, Callable
 from multiprocessing import reduction
 
 from . import _exit, _wire
+from ._errors import ArgumentUnpicklingError
 from ._wire import Kind
 
 # The reply pipe of this worker and the id of the task it runs, for tests that must write
@@ -239,8 +240,13 @@ def _run_call(functions: _FunctionCache, body: Any) -> tuple[Kind, bytes | _wire
             if isinstance(body, _wire.BodyReader):
                 body.skip_rest()  # whatever happened, the next frame starts after this one
     except BaseException as exc:
-        exc.add_note("(raised while unpickling the task's function or arguments in the worker)")
-        return Kind.RAISED, _wire.encode_exception(exc)
+        # A BrokenProcessPool, as the stdlib raises here (where the worker dies); the
+        # worker's own error, with its frames, is the cause.
+        error = ArgumentUnpicklingError(
+            f"the worker (pid {os.getpid()}) could not unpickle the task's function or "
+            f"arguments: {type(exc).__name__}: {_wire.safe_str(exc)}")
+        error.__cause__ = exc
+        return Kind.RAISED, _wire.encode_exception(error)
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:

@@ -377,3 +377,11 @@ def run_once(directory, i, seconds=0.0):
     if seconds:
         time.sleep(seconds)
     return i
+
+
+class Weakrefable:
+    """A result or argument whose lifetime a test watches with a weak reference."""
+
+
+def make_weakrefable(_):
+    return Weakrefable()

@@ -12,7 +12,7 @@ from helpers import REPO_DIR
 PUBLIC = ["ProcessPool", "ProcessPoolExecutor", "PoolFuture", "WorkerDied", "TaskTimeout",
           "WorkerTerminated", "InitializerError",
           "PoolInternalError", "WorkerProtocolError", "RemoteTaskError", "ResultTransferError",
-          "ArgumentPicklingError", "TaskInfo"]
+          "ArgumentPicklingError", "ArgumentUnpicklingError", "TaskInfo", "__version__"]
 
 
 def test_the_tests_exercise_the_installed_package():
@@ -28,11 +28,50 @@ def test_all_is_pinned():
         assert getattr(pool, name).__doc__, f"{name} has no docstring"
 
 
+def test_version_is_the_installed_distributions():
+    from importlib import metadata
+    assert pool.__version__ == metadata.version("pool")
+
+
+def test_public_classes_show_and_pickle_as_pool_names():
+    for name in PUBLIC:
+        obj = getattr(pool, name)
+        if isinstance(obj, type):
+            assert obj.__module__ == "pool", name
+            assert pickle.loads(pickle.dumps(obj)) is obj
+    assert pool.ProcessPoolExecutor is pool.ProcessPool
+    info = pool.TaskInfo(1, len, (), {})
+    text = "".join(__import__("traceback").format_exception(pool.WorkerDied(1, -9, info)))
+    assert text.splitlines()[-2].startswith("pool.WorkerDied: worker pid 1 died")
+
+
+def test_repr_shows_workers_queued_and_sent_tasks(tmp_path):
+    import tasks
+    gate = tmp_path / "gate"
+    p = pool.ProcessPool(1)
+    assert repr(p) == "<pool.ProcessPool running: 0 of 1 workers (forkserver), 0 queued, 0 sent to workers>"
+    running = p.submit(tasks.wait_for_file, str(gate), "done")
+    large = b"x" * (1 << 20)  # too large to be sent ahead: stays in the pool's queue
+    queued = p.submit(tasks.identity, large)
+    while not running.running():
+        running.exception(timeout=0.01) if running.done() else __import__("time").sleep(0.01)
+    deadline = __import__("time").monotonic() + 30
+    while "1 of 1 workers (forkserver), 1 queued, 1 sent" not in repr(p):
+        assert __import__("time").monotonic() < deadline, repr(p)
+        __import__("time").sleep(0.01)
+    gate.touch()
+    assert queued.result(timeout=30) == large
+    p.shutdown()
+    assert repr(p).startswith("<pool.ProcessPool shut down: 0 of 1 workers")
+
+
 def test_pool_errors_are_caught_by_stdlib_handlers():
     for error in (pool.WorkerDied, pool.InitializerError, pool.PoolInternalError,
-                  pool.WorkerProtocolError, pool.WorkerTerminated):
+                  pool.WorkerProtocolError, pool.WorkerTerminated, pool.ResultTransferError,
+                  pool.RemoteTaskError, pool.ArgumentUnpicklingError):
         assert issubclass(error, BrokenProcessPool)
     assert issubclass(pool.TaskTimeout, TimeoutError)
+    assert issubclass(pool.ArgumentPicklingError, pickle.PicklingError)
 
 
 def test_errors_pickle_with_their_message():
@@ -40,7 +79,8 @@ def test_errors_pickle_with_their_message():
     errors = [pool.WorkerDied(123, -11, info, "Fatal Python error: Segmentation fault"),
               pool.InitializerError("failed", "Traceback ..."),
               pool.RemoteTaskError("mod.E", "msg", "Traceback ...", "why"),
-              pool.ResultTransferError("Thing", "pickling in the worker", "TypeError: x"),
+              pool.ResultTransferError("Thing", "unpickling in the parent", "TypeError: x"),
+              pool.ArgumentUnpicklingError("the worker could not unpickle ..."),
               pool.TaskTimeout(2.5, 123, info, "Current thread 0x1 (most recent call first):"),
               pool.WorkerTerminated(123, -15, info)]
     for error in errors:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import gc
 import itertools
 import os
+import re
 import threading
 import traceback
+import weakref
 
 import pytest
 
@@ -215,16 +218,55 @@ def test_lambdas_and_closures_work(ctx):
         assert p.submit(tasks.return_lambda).result(timeout=30)() == 42
 
 
-def test_unpicklable_argument_raises_from_submit_in_the_caller():
+def test_unpicklable_argument_fails_its_future_not_submit():
     with pool.ProcessPool(1) as p:
-        with pytest.raises(pool.ArgumentPicklingError, match="argument 1 .*lock") as info:
-            p.submit(tasks.add, 1, threading.Lock())
-        assert isinstance(info.value, __import__("pickle").PicklingError)
-        with pytest.raises(pool.ArgumentPicklingError, match="keyword argument 'c'"):
-            p.submit(tasks.add, 1, c=threading.Lock())
+        futures = [p.submit(tasks.square, 2), p.submit(tasks.add, 1, threading.Lock()),
+                   p.submit(tasks.add, 1, c=threading.Lock()), p.submit(threading.Lock().acquire),
+                   p.submit(tasks.square, 3)]
+        assert [f.result(timeout=30) for f in (futures[0], futures[4])] == [4, 9]
+        for future, text in zip(futures[1:4], ["argument 1 .*lock", "keyword argument 'c'",
+                                               "the function"]):
+            error = future.exception(timeout=0)
+            assert type(error) is pool.ArgumentPicklingError, error
+            assert isinstance(error, __import__("pickle").PicklingError)  # as the stdlib's
+            assert re.search(text, str(error)) and error.__cause__ is not None
+        results = p.map(tasks.identity, [1, threading.Lock(), 3])
+        assert next(results) == 1
         with pytest.raises(pool.ArgumentPicklingError):
-            p.map(tasks.identity, [1, threading.Lock()])
+            next(results)
         assert p.submit(tasks.square, 3).result(timeout=30) == 9  # and the pool is fine
+
+
+def test_a_reducer_raising_systemexit_fails_the_future_and_keyboardinterrupt_propagates():
+    class Raises:
+        def __init__(self, error):
+            self.error = error
+
+        def __reduce__(self):
+            raise self.error
+
+    with pool.ProcessPool(1) as p:
+        error = p.submit(tasks.identity, Raises(SystemExit(3))).exception(timeout=0)
+        assert type(error) is pool.ArgumentPicklingError
+        with pytest.raises(KeyboardInterrupt):
+            p.submit(tasks.identity, Raises(KeyboardInterrupt()))
+        assert p.submit(tasks.square, 3).result(timeout=30) == 9
+
+
+@pytest.mark.parametrize("chunksize", [1, 3])
+def test_no_task_keeps_its_arguments_or_result_alive(ctx, chunksize):
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        argument = tasks.Weakrefable()
+        ref = weakref.ref(argument)
+        assert type(p.submit(tasks.identity, argument).result(timeout=30)) is tasks.Weakrefable
+        del argument
+        gc.collect()
+        assert ref() is None  # the resolved future holds neither argument nor result
+        for result in p.map(tasks.make_weakrefable, range(7), chunksize=chunksize):
+            ref = weakref.ref(result)
+            del result
+            gc.collect()
+            assert ref() is None  # map holds no result once it has yielded it
 
 
 def test_future_can_be_awaited_from_many_threads(ctx):

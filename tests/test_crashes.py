@@ -37,6 +37,7 @@ ROWS = {
     "garbage-reply": "p.submit(tasks.write_garbage)",
     "corrupt-envelope": "p.submit(tasks.write_corrupt_raised_frame)",
     "partial-frame-then-hang": "p.submit(tasks.write_partial_then_hang, 'hung.pid')",
+    "submit-unpicklable": "p.submit(tasks.identity, threading.Lock())",
 }
 
 SCENARIO = '''
@@ -66,14 +67,16 @@ with pool.ProcessPool(2, mp_context=CTX) as p:
                          "type_name", "stage", "reason", "remote_traceback"):
                 if hasattr(error, attr):
                     outcome[attr] = getattr(error, attr)
+            cause = error.__cause__
+            if cause is not None:
+                outcome["cause"] = {{"type": type(cause).__name__, "text": str(cause)}}
+                for attr in ("type_name", "reason", "remote_traceback"):
+                    if hasattr(cause, attr):
+                        outcome["cause"][attr] = getattr(cause, attr)
             if isinstance(error, pool.WorkerDied):
                 worker_pids.add(error.pid)
                 outcome["task_name"] = error.task.function_name
         results[row] = outcome
-    try:
-        p.submit(tasks.identity, threading.Lock())
-    except pool.ArgumentPicklingError as exc:
-        results["submit-unpicklable"] = {{"type": "ArgumentPicklingError", "text": str(exc)}}
     worker_pids.update(p.map(tasks.pid_of_worker, range(20)))
 report(results=results, worker_pids=sorted(worker_pids))
 '''
@@ -135,9 +138,11 @@ def test_a_death_fails_only_its_task_with_an_explanation(table, method, stage, e
 @pytest.mark.parametrize("method", START_METHODS)
 @pytest.mark.parametrize("row", ["receive-raise", "receive-large-raise"])
 def test_raise_while_unpickling_arguments_in_the_worker(table, method, row):
+    # A BrokenProcessPool, as the stdlib raises there; the worker's error is the cause.
     outcome = _row(table, method, row)
-    assert outcome["type"] == "ValueError" and outcome["text"] == "effect"
-    assert any("unpickling the task's function or arguments" in n for n in outcome["notes"])
+    assert outcome["type"] == "ArgumentUnpicklingError" and "BrokenProcessPool" in outcome["mro"]
+    assert "could not unpickle the task's function or arguments" in outcome["text"]
+    assert outcome["cause"]["type"] == "ValueError" and outcome["cause"]["text"] == "effect"
 
 
 @pytest.mark.parametrize("method", START_METHODS)
@@ -149,19 +154,20 @@ def test_raise_while_running(table, method):
 @pytest.mark.parametrize("method", START_METHODS)
 @pytest.mark.parametrize("effect, error", [("raise", "ValueError"), ("systemexit", "SystemExit")])
 def test_result_that_fails_to_pickle_in_the_worker(table, method, effect, error):
+    # The pickling error itself, as the stdlib raises it, with a note naming the value.
     outcome = _row(table, method, f"reply-{effect}")
-    assert outcome["type"] == "ResultTransferError"
-    assert outcome["stage"] == "pickling in the worker"
-    assert outcome["type_name"] == "PickleBomb" and f"{error}: effect" in outcome["reason"]
+    assert outcome["type"] == error
+    assert any("pickling the task's return value, a PickleBomb" in n for n in outcome["notes"])
 
 
 @pytest.mark.parametrize("method", START_METHODS)
 @pytest.mark.parametrize("effect, error", [("raise", "ValueError"), ("systemexit", "SystemExit")])
 def test_result_that_fails_to_unpickle_in_the_parent(table, method, effect, error):
     outcome = _row(table, method, f"parent-receive-{effect}")
-    assert outcome["type"] == "ResultTransferError"
+    assert outcome["type"] == "ResultTransferError" and "BrokenProcessPool" in outcome["mro"]
     assert outcome["stage"] == "unpickling in the parent"
     assert f"{error}: effect" in outcome["reason"]
+    assert outcome["cause"]["type"] == error
 
 
 @pytest.mark.parametrize("method", START_METHODS)
@@ -171,19 +177,21 @@ def test_exception_whose_init_needs_arguments_comes_back_as_itself(table, method
 
 
 @pytest.mark.parametrize("method", START_METHODS)
-def test_exception_that_cannot_be_pickled_arrives_as_text(table, method):
+def test_exception_that_cannot_be_pickled_raises_the_pickling_error_with_it_as_text(table,
+                                                                                  method):
     outcome = _row(table, method, "exception-unpicklable")
-    assert outcome["type"] == "RemoteTaskError"
-    assert outcome["type_name"] == "tasks.Unpicklable"
-    assert "has a lock" in outcome["text"]
-    assert "in raise_unpicklable" in outcome["remote_traceback"]
-    assert "pickling in the worker failed" in outcome["reason"]
+    assert outcome["type"] == "TypeError" and "pickle" in outcome["text"]  # as the stdlib
+    cause = outcome["cause"]
+    assert cause["type"] == "RemoteTaskError" and cause["type_name"] == "tasks.Unpicklable"
+    assert "has a lock" in cause["text"]
+    assert "in raise_unpicklable" in cause["remote_traceback"]
+    assert "pickling in the worker failed" in cause["reason"]
 
 
 @pytest.mark.parametrize("method", START_METHODS)
 def test_exception_that_cannot_be_unpickled_in_the_parent_arrives_as_text(table, method):
     outcome = _row(table, method, "exception-fails-in-parent")
-    assert outcome["type"] == "RemoteTaskError"
+    assert outcome["type"] == "RemoteTaskError" and "BrokenProcessPool" in outcome["mro"]
     assert "only the worker can read me" in outcome["text"]
     assert "unpickling in the parent failed" in outcome["reason"]
     assert "in raise_fails_in_parent" in outcome["remote_traceback"]
@@ -211,8 +219,8 @@ def test_bytes_that_are_not_a_reply_fail_the_task_and_replace_the_worker(table, 
 
 
 @pytest.mark.parametrize("method", START_METHODS)
-def test_unpicklable_argument_raises_from_submit(table, method):
-    outcome = table(method)["results"]["submit-unpicklable"]
+def test_unpicklable_argument_fails_its_future(table, method):
+    outcome = _row(table, method, "submit-unpicklable")
     assert outcome["type"] == "ArgumentPicklingError" and "argument 0" in outcome["text"]
 
 

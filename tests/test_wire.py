@@ -7,6 +7,7 @@ import pickle
 import threading
 
 import pytest
+from concurrent.futures.process import BrokenProcessPool
 
 import pool
 import tasks
@@ -114,15 +115,36 @@ def test_exceptions_travel_with_frames_and_chain():
     assert error.__traceback__ is not None
 
 
-def test_an_unsendable_result_is_reported_by_type():
+def test_an_unsendable_result_raises_the_pickling_error_itself():
     kind, body = _wire.encode_result(threading.Lock())
-    assert kind is Kind.UNSENDABLE
+    assert kind is Kind.RAISED
     ok, error = _wire.decode_outcome(Frame(kind, 1, b"".join(body)))
+    assert not ok and type(error) is TypeError and "pickle" in str(error)  # as the stdlib
+    assert any("return value, a lock" in note for note in error.__notes__)
+
+
+def test_an_exception_that_cannot_be_pickled_sends_the_pickling_error_with_the_original():
+    try:
+        tasks.raise_unpicklable()
+    except Exception as exc:
+        error = _wire.decode_exception(_wire.encode_exception(exc))
+    assert type(error) is TypeError and "pickle" in str(error)
+    assert isinstance(error.__cause__, pool.RemoteTaskError)
+    assert error.__cause__.type_name == "tasks.Unpicklable"
+    assert "pickling in the worker failed" in error.__cause__.reason
+
+
+def test_a_result_that_fails_to_unpickle_is_a_broken_process_pool_with_its_cause():
+    class FromAnotherProcess:
+        def __reduce__(self):
+            return tasks._rebuild_fails_in_parent, (-1, ())
+
+    ok, error = _wire.decode_outcome(Frame(Kind.RESULT, 1, pickle.dumps(FromAnotherProcess())))
     assert not ok and isinstance(error, pool.ResultTransferError)
-    assert error.type_name == "lock" and "pickle" in error.reason
+    assert isinstance(error, BrokenProcessPool) and error.__cause__ is not None
 
 
-@pytest.mark.parametrize("kind, body", [(Kind.RAISED, b"junk"), (Kind.UNSENDABLE, b"junk"),
+@pytest.mark.parametrize("kind, body", [(Kind.RAISED, b"junk"),
                                         (Kind.RAISED, pickle.dumps(("too", "short"))),
                                         (Kind.READY, b"")])
 def test_a_body_that_is_not_the_envelope_is_malformed(kind, body):
