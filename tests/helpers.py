@@ -162,6 +162,12 @@ class Scenario:
         os.killpg(self.proc.pid, signum)
         return sent
 
+    def signal_leader(self, signum: int) -> float:
+        """Send ``signum`` to the scenario's own process only; returns the send time."""
+        sent = time.monotonic()
+        os.kill(self.proc.pid, signum)
+        return sent
+
     def wait(self, timeout: float = 30) -> tuple[int, float, str, str]:
         """Exit code, the time it exited (monotonic), the rest of stdout, and stderr.
         If it does not end in time, it is made to write every thread's stack (SIGABRT:

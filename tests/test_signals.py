@@ -69,15 +69,33 @@ async def main():
 asyncio.run(main())
 '''
 
+# The idiomatic asyncio service: SIGTERM cancels the main task, and the pool is a plain
+# ``with`` around ``asyncio.run``, so it is left by CancelledError.
+ASYNCIO_SIGTERM_CANCELS_MAIN = BUSY_POOL + '''
+import asyncio
+async def main(p):
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+    running = [loop.run_in_executor(p, tasks.start_subprocess_then_hang, pid_dir)
+               for _ in range(2)]
+    helpers.wait_until(lambda: len(everything()) == 4, 60)
+    print("PIDS", json.dumps(sorted(everything())), flush=True)
+    print("CPU_BEFORE", time.process_time(), flush=True)
+    print("READY", flush=True)
+    await asyncio.gather(*running)
+with pool.ProcessPool(2, mp_context=CTX) as p:
+    asyncio.run(main(p))
+'''
 
-def interrupted(scenario_body, method, tmp_path, signum=signal.SIGINT):
+
+def interrupted(scenario_body, method, tmp_path, signum=signal.SIGINT, to_group=True):
     """Run a busy-pool scenario, signal its group once it is busy, and return the facts."""
     scenario = Scenario(scenario_body, method, tmp_path)
     try:
         pids = json.loads(scenario.read_until("PIDS"))
         cpu_before = float(scenario.read_until("CPU_BEFORE"))
         scenario.read_until("READY")
-        sent = scenario.signal_group(signum)
+        sent = scenario.signal_group(signum) if to_group else scenario.signal_leader(signum)
         code, ended, out, err = scenario.wait(30)  # stdout closes when every holder is gone
     finally:
         scenario.close()
@@ -116,6 +134,17 @@ def test_sigterm_to_the_whole_group_ends_everything(method, tmp_path):
     facts = interrupted(CTRL_C_IN_WITH, method, tmp_path, signal.SIGTERM)
     assert facts["code"] == -signal.SIGTERM
     assert facts["seconds"] < 5
+    assert_all_gone(facts)
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_cancelled_error_leaving_with_terminates_like_ctrl_c(method, tmp_path):
+    # SIGTERM to the parent alone (as a service manager's "mixed" kill mode): the workers
+    # get nothing from outside; only the pool can end them, and it must not wait for them.
+    facts = interrupted(ASYNCIO_SIGTERM_CANCELS_MAIN, method, tmp_path, signal.SIGTERM,
+                        to_group=False)
+    assert facts["code"] == 1 and "CancelledError" in facts["stderr"]
+    assert facts["seconds"] < 5  # the tasks would have run for minutes
     assert_all_gone(facts)
 
 
