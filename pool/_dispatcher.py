@@ -67,6 +67,7 @@ from ._outcomes import StartFailures, failure, format_error, fresh, resolve
 from ._state import StateMachine
 from ._wakeup import Wakeup
 from ._wire import Frame, Kind
+from ._worker import Initializer
 from ._worker_handle import Exit, WorkerHandle
 
 logger = logging.getLogger("pool")
@@ -91,7 +92,7 @@ _LINGERING_POLL_SECONDS = 0.01
 
 
 class Dispatcher:
-    def __init__(self, *, max_workers: int, mp_context: Any, initializer: bytes | None,
+    def __init__(self, *, max_workers: int, mp_context: Any, initializer: Initializer | None,
                  max_tasks_per_child: int | None, max_memory_per_child: int | None = None,
                  pipeline_depth: int = PIPELINE_DEPTH,
                  timeouts: _state.Timeouts = _state.Timeouts()

@@ -28,6 +28,7 @@ from ._dispatcher import Dispatcher
 from ._errors import ArgumentPicklingError
 from ._futures import PoolFuture
 from ._records import Timeouts
+from ._worker import Initializer, check_inheritable
 
 
 class _Default:
@@ -124,17 +125,17 @@ class ProcessPool(Executor):
                             kill=_seconds("kill_grace", kill_grace))
         if mp_context is None:
             mp_context = default_context()
-        encoded_initializer = None
+        initializer_setup = None
         if initializer is not None:
-            # Pickled here, so that a bad initializer fails in the constructor, not in a
-            # worker, and a lambda or __main__ function works under spawn too.
-            encoded_initializer = b"".join(_wire.encode_call(
-                _wire.dumps_callable(initializer),
-                _wire.dumps_arguments(initializer, tuple(initargs), {})))
+            # Checked here, so that a bad initializer or initargs fail in the constructor,
+            # not in every worker; see Initializer for how they travel.
+            initargs = tuple(initargs)
+            check_inheritable(initargs, mp_context)
+            initializer_setup = Initializer(_wire.dumps_callable(initializer), initargs)
         self._max_workers = max_workers
         self._mp_context = mp_context
         self._dispatcher = Dispatcher(max_workers=max_workers, mp_context=mp_context,
-                                      initializer=encoded_initializer,
+                                      initializer=initializer_setup,
                                       max_tasks_per_child=max_tasks_per_child,
                                       max_memory_per_child=max_memory_per_child,
                                       timeouts=timeouts)

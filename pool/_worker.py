@@ -35,6 +35,7 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
+from multiprocessing import context as _context
 from multiprocessing import reduction
 
 from . import _exit, _wire
@@ -72,18 +73,66 @@ def _rebuild_fd(dup: Any) -> InheritedFd:
     return InheritedFd(dup.detach())
 
 
+class Initializer:
+    """The user's ``initializer`` and ``initargs``, as they travel to every worker.
+
+    The arguments travel inside the Process object, as the stdlib sends them: under fork
+    they are inherited as they are, and under spawn and forkserver multiprocessing pickles
+    them while it starts the process, the one moment at which its locks, queues, events,
+    shared values and pipes may be pickled ("shared through inheritance"). The function
+    alone is pickled in advance, so that one the workers cannot import (a lambda, a
+    ``__main__`` function under spawn) travels by value.
+    """
+
+    __slots__ = ("function", "args")
+
+    def __init__(self, function: bytes, args: tuple[Any, ...]) -> None:
+        self.function = function  # _wire.dumps_callable(initializer)
+        self.args = args
+
+
+def check_inheritable(args: tuple[Any, ...], ctx: Any) -> None:
+    """Raise ``pickle.PicklingError`` now, in the constructor, if ``args`` could not be
+    sent to a worker that ``ctx`` starts: what multiprocessing will do at every start,
+    tried once with a stand-in for the process being started (so objects that may only be
+    pickled while a process starts are accepted, and nothing is passed to anyone)."""
+    if ctx.get_start_method() == "fork":
+        return  # inherited as they are: nothing is pickled
+    spawning = _context.get_spawning_popen()
+    _context.set_spawning_popen(_TrialStart())  # type: ignore[arg-type]  # duck-typed
+    try:
+        reduction.ForkingPickler.dumps(args)
+    except Exception as exc:
+        raise pickle.PicklingError(
+            f"initargs cannot be sent to workers started by {ctx.get_start_method()!r}: "
+            f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        _context.set_spawning_popen(spawning)
+
+
+class _TrialStart:
+    """Stands for the process being started in ``check_inheritable``: descriptors are
+    'passed' by number only, and the trial's pickle is thrown away."""
+
+    def duplicate_for_child(self, fd: int) -> int:
+        return fd
+
+    def DupFd(self, fd: int) -> None:
+        return None
+
+
 class WorkerSetup:
     """Everything a worker needs, built by the dispatcher and passed as the Process arg."""
 
     def __init__(self, *, task_fd: InheritedFd, reply_fd: InheritedFd, lifeline_fd: InheritedFd,
-                 crash_fd: InheritedFd, initializer: bytes | None,
+                 crash_fd: InheritedFd, initializer: Initializer | None,
                  max_tasks: int | None, max_memory: int | None,
                  fds_to_close: tuple[int, ...]) -> None:
         self.task_fd = task_fd
         self.reply_fd = reply_fd
         self.lifeline_fd = lifeline_fd
         self.crash_fd = crash_fd
-        self.initializer = initializer  # encode_call() of (initializer, initargs), or None
+        self.initializer = initializer
         self.max_tasks = max_tasks
         self.max_memory = max_memory  # bytes of resident memory, or None
         self.fds_to_close = fds_to_close
@@ -150,12 +199,9 @@ def _watch_parent(lifeline_fd: int) -> None:
         os._exit(70)
 
 
-def _run_initializer(encoded: bytes, reply_fd: int) -> bool:
+def _run_initializer(initializer: Initializer, reply_fd: int) -> bool:
     try:
-        fn_blob, args_blob = _wire.decode_call(encoded)
-        initializer = pickle.loads(fn_blob)
-        args, kwargs = _wire.load_arguments(args_blob)
-        initializer(*args, **kwargs)
+        pickle.loads(initializer.function)(*initializer.args)
     except BaseException as exc:
         _drop_own_frame(exc)
         _wire.write_frame(reply_fd, Kind.INIT_FAILED, 0, _wire.encode_exception(exc))

@@ -29,7 +29,7 @@ from typing import Any, Callable, NamedTuple
 
 from . import _teardown, _wire
 from ._wire import Frame, FrameReader, Kind
-from ._worker import DUMP_SIGNAL, InheritedFd, WorkerSetup, worker_main
+from ._worker import DUMP_SIGNAL, InheritedFd, Initializer, WorkerSetup, worker_main
 
 # How long a worker whose sentinel fired may take to become reapable: the sentinel can
 # report the exit a moment before the kernel lets the process be reaped.
@@ -129,7 +129,7 @@ class WorkerHandle:
         self._on_write_done = on_write_done
 
     @classmethod
-    def start(cls, ctx: Any, name: str, *, lifeline_fd: int, initializer: bytes | None,
+    def start(cls, ctx: Any, name: str, *, lifeline_fd: int, initializer: Initializer | None,
               max_tasks: int | None, max_memory: int | None,
               inherited_fds: tuple[int, ...] | None,
               on_write_done: Callable[[], None]) -> WorkerHandle:

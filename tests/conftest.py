@@ -84,7 +84,7 @@ def no_leaks() -> object:
     assert not leaked_threads, f"threads left running: {leaked_threads}"
     ok = wait_until(lambda: children_of(os.getpid()) - helper_pids() <= children, 10)
     assert ok, f"child processes left: {children_of(os.getpid()) - children - helper_pids()}"
-    assert wait_until(lambda: open_fds() <= fds, 5), f"descriptors left open: {open_fds() - fds}"
+    assert wait_until(lambda: open_fds() <= fds, 5), f"descriptors left open: {_describe(open_fds() - fds)}"
 
 
 @pytest.fixture(params=START_METHODS)
@@ -95,3 +95,14 @@ def start_method(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def ctx(start_method: str) -> object:
     return multiprocessing.get_context(start_method)
+
+
+def _describe(fds: set[int]) -> list[str]:
+    """What each leaked descriptor is (a pipe, a socket, a file), for the failure message."""
+    described = []
+    for fd in sorted(fds):
+        try:
+            described.append(f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}")
+        except OSError:
+            described.append(f"{fd} (closed since)")
+    return described

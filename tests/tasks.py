@@ -385,3 +385,36 @@ class Weakrefable:
 
 def make_weakrefable(_):
     return Weakrefable()
+
+
+# -- initargs that travel by inheritance (multiprocessing's locks, queues, shared memory) --
+
+_inherited: dict[str, object] = {}
+
+
+def init_inherited(**objects):
+    """An initializer that keeps what it was given, for ``use_inherited`` to exercise."""
+    _inherited.clear()
+    _inherited.update(objects)
+
+
+def use_inherited():
+    """Use every object the initializer was given, as a worker really would."""
+    o = _inherited
+    for name in ("lock", "rlock", "semaphore", "bounded_semaphore"):
+        assert o[name].acquire(timeout=10), name
+        o[name].release()
+    assert o["event"].is_set()
+    with o["condition"]:
+        o["condition"].notify_all()
+    pid = os.getpid()
+    o["queue"].put(("queue", pid))
+    o["simple_queue"].put(("simple_queue", pid))
+    o["joinable_queue"].put(("joinable_queue", pid))
+    with o["value"].get_lock():
+        o["value"].value += 1
+    with o["array"].get_lock():
+        o["array"][0] += 1
+    o["manager_dict"][pid] = "seen"
+    o["shared_memory"].buf[0] += 1
+    return pid

@@ -1,0 +1,86 @@
+"""initializer/initargs with multiprocessing's own objects: they travel by inheritance, as
+with the stdlib, under every start method, to every worker including those started later
+to refill a slot; what cannot travel fails in the constructor."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import threading
+from multiprocessing import shared_memory
+
+import multiprocessing
+import pytest
+
+import pool
+import tasks
+
+
+# Value and Array come from multiprocessing's process-wide heap, whose first allocation maps
+# an arena that stays open for the life of the process: map it before any test's
+# descriptor count starts, so that it is not counted as a leak.
+_HEAP_IN_USE = multiprocessing.Value("i", 0)
+
+
+@pytest.fixture
+def inherited(ctx):
+    """One of each object the stdlib lets a pool's workers share through ``initargs``."""
+    manager = ctx.Manager()
+    memory = shared_memory.SharedMemory(create=True, size=8)
+    memory.buf[0] = 0
+    objects = dict(lock=ctx.Lock(), rlock=ctx.RLock(), semaphore=ctx.Semaphore(1),
+                   bounded_semaphore=ctx.BoundedSemaphore(1), event=ctx.Event(),
+                   condition=ctx.Condition(), queue=ctx.Queue(), simple_queue=ctx.SimpleQueue(),
+                   joinable_queue=ctx.JoinableQueue(), value=ctx.Value("i", 0),
+                   array=ctx.Array("i", 4), manager_dict=manager.dict(), shared_memory=memory)
+    objects["event"].set()
+    yield objects
+    for name in ("queue", "joinable_queue"):
+        objects[name].close()
+        objects[name].join_thread()
+    objects["simple_queue"].close()
+    memory.close()
+    memory.unlink()
+    manager.shutdown()
+    objects.clear()  # pipes of unused queue ends and proxies' connections close when freed
+    gc.collect()
+
+
+def _check_one_use(objects, pid):
+    for name in ("queue", "simple_queue", "joinable_queue"):
+        got = objects[name].get(timeout=30) if name != "simple_queue" else objects[name].get()
+        assert got == (name, pid)
+
+
+def test_multiprocessing_objects_in_initargs_reach_every_worker(ctx, inherited):
+    # Positional initargs, as the stdlib passes them: initializer(*initargs).
+    with pool.ProcessPool(1, mp_context=ctx, initializer=_call_with_names,
+                          initargs=(tasks.init_inherited, tuple(inherited),
+                                    *inherited.values())) as p:
+        first = p.submit(tasks.use_inherited).result(timeout=60)
+        _check_one_use(inherited, first)
+        # The worker dies; the slot's new worker gets the same objects.
+        with pytest.raises(pool.WorkerDied):
+            p.submit(tasks.do_effect, "exit").result(timeout=60)
+        second = p.submit(tasks.use_inherited).result(timeout=60)
+        assert second != first
+        _check_one_use(inherited, second)
+    assert inherited["value"].value == 2 and inherited["array"][0] == 2
+    assert inherited["shared_memory"].buf[0] == 2
+    assert set(inherited["manager_dict"].keys()) == {first, second}
+
+
+def _call_with_names(init, names, *objects):
+    init(**dict(zip(names, objects)))
+
+
+def test_initargs_that_cannot_travel_fail_in_the_constructor(ctx):
+    if ctx.get_start_method() == "fork":  # nothing is pickled: the stdlib accepts it too
+        with pool.ProcessPool(1, mp_context=ctx, initializer=tasks.init_sets,
+                              initargs=(threading.Lock(),)) as p:
+            assert p.submit(tasks.square, 3).result(timeout=30) == 9
+        return
+    with pytest.raises(pickle.PicklingError, match="initargs cannot be sent to workers "
+                       f"started by '{ctx.get_start_method()}'.*lock"):
+        pool.ProcessPool(1, mp_context=ctx, initializer=tasks.init_sets,
+                         initargs=(threading.Lock(),))
