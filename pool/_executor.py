@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator
 from . import _wire
 from ._dispatcher import Dispatcher
 from ._errors import ArgumentPicklingError
+from ._main_guard import check_main_is_guarded, check_not_daemonic
 from ._futures import PoolFuture
 from ._records import Timeouts
 from ._worker import Initializer, check_inheritable
@@ -123,6 +124,7 @@ class ProcessPool(Executor):
         timeouts = Timeouts(stop=_seconds("stop_grace", stop_grace),
                             terminate=_seconds("terminate_grace", terminate_grace),
                             kill=_seconds("kill_grace", kill_grace))
+        check_not_daemonic()
         if mp_context is None:
             mp_context = default_context()
         initializer_setup = None
@@ -139,6 +141,7 @@ class ProcessPool(Executor):
                                       max_tasks_per_child=max_tasks_per_child,
                                       max_memory_per_child=max_memory_per_child,
                                       timeouts=timeouts)
+        self._main_checked = False  # see _check_first_use
         # A pool dropped without shutdown() still finishes its work and releases its
         # processes; the dispatcher holds no reference back to this object.
         self._finalizer = weakref.finalize(self, self._dispatcher.shutdown, False, False)
@@ -172,6 +175,8 @@ class ProcessPool(Executor):
         if not callable(fn):
             raise TypeError(f"{fn!r} is not callable")
         self._dispatcher.check_open()
+        if not self._main_checked:
+            self._check_first_use()
         try:
             body = _wire.encode_call(_wire.dumps_callable(fn),
                                      _wire.dumps_arguments(fn, args, kwargs))
@@ -197,6 +202,8 @@ class ProcessPool(Executor):
             raise ValueError("buffersize must be None or > 0")
         end_time = None if timeout is None else timeout + time.monotonic()
         self._dispatcher.check_open()
+        if not self._main_checked:
+            self._check_first_use()
         runner: Callable[..., Any] = fn
         batches: Iterator[tuple[Any, ...]] = zip(*iterables)
         if chunksize > 1 and len(iterables) == 1:
@@ -235,6 +242,12 @@ class ProcessPool(Executor):
         if chunksize > 1:
             return _items_of_chunks(results)
         return results
+
+    def _check_first_use(self) -> None:
+        """Before the first task: fail at once, with the fix, where workers would re-run
+        the caller's own code (a main script without its ``__main__`` guard)."""
+        check_main_is_guarded(self._mp_context.get_start_method())
+        self._main_checked = True
 
     @property
     def _processes(self) -> dict[int, Any]:
