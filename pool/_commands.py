@@ -21,7 +21,7 @@ class TaskRecord:
     """A submitted task as the dispatcher tracks it."""
 
     info: TaskInfo
-    future: PoolFuture
+    future: PoolFuture[Any]
     body: Buffers            # the CALL frame's body
     timeout: float | None    # seconds it may run, from the moment it starts
     marked_running: bool = False

@@ -157,9 +157,9 @@ class Dispatcher:
             raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-               body: _wire.Buffers, timeout: float | None = None) -> PoolFuture:
+               body: _wire.Buffers, timeout: float | None = None) -> PoolFuture[Any]:
         """Queue one encoded call (caller thread). Raises if the pool cannot take it."""
-        future = PoolFuture()
+        future: PoolFuture[Any] = PoolFuture()
         with self._lock:
             self.check_open()
             self._start_thread()

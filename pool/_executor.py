@@ -21,7 +21,7 @@ import time
 import weakref
 from concurrent.futures import Executor, Future
 from types import TracebackType
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, ParamSpec, TypeVar
 
 from . import _wire
 from ._dispatcher import Dispatcher
@@ -30,6 +30,10 @@ from ._main_guard import check_main_is_guarded, check_not_daemonic
 from ._futures import PoolFuture
 from ._records import Timeouts
 from ._worker import Initializer, check_inheritable
+
+
+T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class _Default:
@@ -146,7 +150,8 @@ class ProcessPool(Executor):
         # processes; the dispatcher holds no reference back to this object.
         self._finalizer = weakref.finalize(self, self._dispatcher.shutdown, False, False)
 
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+               ) -> PoolFuture[T]:
         """Schedule ``fn(*args, **kwargs)``; returns a ``concurrent.futures.Future``.
 
         If the call cannot be pickled, the future it returns has already failed with
@@ -155,9 +160,9 @@ class ProcessPool(Executor):
         """
         return self._submit(fn, args, kwargs, self._task_timeout)
 
-    def schedule(self, fn: Callable[..., Any], /, args: Iterable[Any] = (),
+    def schedule(self, fn: Callable[..., T], /, args: Iterable[Any] = (),
                  kwargs: dict[str, Any] | None = None, *,
-                 timeout: float | None = _POOL_DEFAULT) -> PoolFuture:
+                 timeout: float | None = _POOL_DEFAULT) -> PoolFuture[T]:
         """``submit`` with options: run ``fn(*args, **kwargs)``, and stop it if it runs
         longer than ``timeout`` seconds (default: the pool's ``task_timeout``; ``None``: no
         limit). The clock starts when the task starts running; on expiry its future fails
@@ -170,7 +175,7 @@ class ProcessPool(Executor):
         return self._submit(fn, tuple(args), {} if kwargs is None else dict(kwargs), timeout)
 
     def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                timeout: float | None) -> PoolFuture:
+                timeout: float | None) -> PoolFuture[Any]:
         """``args`` and ``kwargs`` are the pool's own from here on (copied, if need be)."""
         if not callable(fn):
             raise TypeError(f"{fn!r} is not callable")
@@ -184,8 +189,8 @@ class ProcessPool(Executor):
             return _failed(exc)
         return self._dispatcher.submit(fn, args, kwargs, body, timeout)
 
-    def map(self, fn: Callable[..., Any], *iterables: Iterable[Any], timeout: float | None = None,
-            chunksize: int = 1, buffersize: int | None = None) -> Iterator[Any]:
+    def map(self, fn: Callable[..., T], *iterables: Iterable[Any], timeout: float | None = None,
+            chunksize: int = 1, buffersize: int | None = None) -> Iterator[T]:
         """Like ``map(fn, *iterables)``, run in the pool; results come in input order.
 
         ``chunksize`` items travel and run as one task (the function is pickled once per
@@ -343,9 +348,9 @@ def _means_stop(exc_type: type[BaseException] | None) -> bool:
     return asyncio is not None and issubclass(exc_type, asyncio.CancelledError)
 
 
-def _failed(error: BaseException) -> PoolFuture:
+def _failed(error: BaseException) -> PoolFuture[Any]:
     """A future that has already failed: a call that could not be sent."""
-    future = PoolFuture()
+    future: PoolFuture[Any] = PoolFuture()
     future.set_exception(error)
     return future
 

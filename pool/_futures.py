@@ -25,7 +25,9 @@ import queue
 import threading
 import time
 from concurrent.futures import Future, _base
-from typing import Any, Generator
+from typing import Any, Generator, TypeVar
+
+T = TypeVar("T")
 
 logger = logging.getLogger("pool")
 
@@ -91,10 +93,11 @@ def join_interruptibly(thread: threading.Thread) -> None:
         thread.join(SIGNAL_CHECK_SECONDS)
 
 
-class PoolFuture(Future[Any]):
+class PoolFuture(Future[T]):
     """A ``concurrent.futures.Future`` whose callbacks never run on the dispatcher thread,
     and which can stop its task even while it runs (:meth:`stop`). Awaiting it in a
-    coroutine works; cancelling that coroutine stops the task."""
+    coroutine works; cancelling that coroutine stops the task. Generic in the task's return
+    type, as ``Future`` is: ``submit(fn, ...)`` gives ``PoolFuture[<fn's return type>]``."""
 
     _stopper: Any = None  # set by the pool: the dispatcher that can stop the task
     _task_id = 0
@@ -153,7 +156,7 @@ class PoolFuture(Future[Any]):
             self._stopper.stop_task(self._task_id)
         return True
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> T:
         self._wait_done(timeout)
         return super().result(0)  # done (its lock is no longer needed), or TimeoutError
 
@@ -167,7 +170,7 @@ class PoolFuture(Future[Any]):
             self._wake()
         return cancelled
 
-    def set_result(self, result: Any) -> None:
+    def set_result(self, result: T) -> None:
         with self._condition:
             if self._stop_requested:
                 self._end_cancelled()
@@ -204,7 +207,7 @@ class PoolFuture(Future[Any]):
         elif self._done_callbacks:  # type: ignore[attr-defined]
             runner.put(self)
 
-    def __await__(self) -> Generator[Any, None, Any]:
+    def __await__(self) -> Generator[Any, None, T]:
         import asyncio  # only coroutines pay for it
         try:
             return (yield from asyncio.wrap_future(self).__await__())

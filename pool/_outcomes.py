@@ -58,7 +58,7 @@ class StartFailures:
         return error
 
 
-def resolve(future: PoolFuture, result: Any, exception: BaseException | None) -> None:
+def resolve(future: PoolFuture[Any], result: Any, exception: BaseException | None) -> None:
     """Set the outcome (a stopped future ends cancelled instead: ``PoolFuture``)."""
     try:
         if exception is None:

@@ -1,0 +1,43 @@
+"""User code as a typed program would write it; ``mypy --strict`` must accept it and infer
+the types asserted here (run by tox's typecheck environment, not by pytest)."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+from typing import Iterator, assert_type
+
+import pool
+
+
+def work(x: int, label: str = "") -> tuple[int, str]:
+    return x * 2, label
+
+
+async def main(executor: pool.ProcessPool) -> int:
+    doubled, _ = await executor.submit(work, 21, label="a")  # awaitable, typed
+    assert_type(doubled, int)
+    return doubled
+
+
+def typed_use() -> None:
+    with pool.ProcessPoolExecutor(2) as executor:
+        future = executor.submit(work, 1, "x")
+        assert_type(future, pool.PoolFuture[tuple[int, str]])
+        assert_type(future.result(), tuple[int, str])
+        assert_type(future.stop(), bool)
+        assert_type(executor.schedule(work, (1,), timeout=5.0), pool.PoolFuture[tuple[int, str]])
+        results = executor.map(work, [1, 2], chunksize=2, buffersize=4)
+        assert_type(results, Iterator[tuple[int, str]])
+        assert_type(asyncio.run(main(executor)), int)
+        for done in cf.as_completed([future]):
+            assert_type(done, cf.Future[tuple[int, str]])
+        base: cf.Executor = executor  # still a concurrent.futures.Executor
+        assert_type(base.submit(work, 3), cf.Future[tuple[int, str]])
+        executor.shutdown(wait=True, cancel_futures=False)
+    assert_type(pool.__version__, str)
+
+
+def rejected(executor: pool.ProcessPool) -> None:
+    executor.submit(work, "not an int")  # type: ignore[arg-type]
+    executor.submit(work, 1, label=2)  # type: ignore[arg-type]
