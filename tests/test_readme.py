@@ -1,0 +1,40 @@
+"""README.rst's Python examples run as written: each ``.. code-block:: python`` block is
+saved as a script and run in a child interpreter (the installed pool, a hard timeout)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from helpers import REPO_DIR
+
+BLOCKS = re.findall(r"^\.\. code-block:: python\n\n((?:    .*\n|\n)+)",
+                    (REPO_DIR / "README.rst").read_text(), re.M)
+
+# What each example must print (README says so next to it), in order.
+EXPECTED = {
+    0: [r"^0$", r"^1$", r"^worker pid \d+ died \(signal SIGSEGV \(11\)\) while running "
+        r"task 3: __main__\.work\(2\)$", r"^Fatal Python error: Segmentation fault$",
+        r"line \d+ in work$", r"^9$", r"^16$"],
+    1: [r"^100$"],
+}
+
+
+def test_the_readme_has_its_examples():
+    assert len(BLOCKS) == len(EXPECTED)
+
+
+@pytest.mark.parametrize("index", range(len(BLOCKS)))
+def test_a_readme_example_runs_as_written(index, tmp_path):
+    script = tmp_path / "example.py"
+    script.write_text(textwrap.dedent(BLOCKS[index]))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=90, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    lines = iter(proc.stdout.splitlines())
+    for pattern in EXPECTED[index]:  # each in order, other lines allowed between them
+        assert any(re.search(pattern, line) for line in lines), (pattern, proc.stdout)
