@@ -263,6 +263,13 @@ class ProcessPool(Executor):
         return self._dispatcher.processes
 
     @property
+    def _broken(self) -> str | bool:
+        """False, or why the pool is broken (its dispatcher failed, or workers kept failing
+        to start), as the stdlib's attribute of that name: code polls it."""
+        error = self._dispatcher.broken_error
+        return False if error is None else str(error)
+
+    @property
     def _executor_manager_thread(self) -> threading.Thread | None:
         """The pool's dispatcher thread (the stdlib's name for its manager thread); None
         before the first ``submit()``. It ends once the pool is shut down and every worker

@@ -26,6 +26,7 @@ below; under ``fork`` it also inherited the parent's other pool descriptors, lis
 from __future__ import annotations
 
 import faulthandler
+import logging
 import os
 import pickle
 import select
@@ -204,6 +205,10 @@ def _run_initializer(initializer: Initializer, reply_fd: int) -> bool:
         pickle.loads(initializer.function)(*initializer.args)
     except BaseException as exc:
         _drop_own_frame(exc)
+        # Where the stdlib's worker logs it, so that handlers an initializer (or the user)
+        # put on that logger see it; the parent also gets it, with its frames.
+        logging.getLogger("concurrent.futures").critical("Exception in initializer:",
+                                                         exc_info=exc)
         _wire.write_frame(reply_fd, Kind.INIT_FAILED, 0, _wire.encode_exception(exc))
         return False
     return True

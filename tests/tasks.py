@@ -418,3 +418,14 @@ def use_inherited():
     o["manager_dict"][pid] = "seen"
     o["shared_memory"].buf[0] += 1
     return pid
+
+
+def init_fails_logging_to(log_queue):
+    """Fails, after routing this worker's ``concurrent.futures`` log to ``log_queue`` (as
+    CPython's own test does)."""
+    import logging
+    from logging.handlers import QueueHandler
+    logger = logging.getLogger("concurrent.futures")
+    logger.addHandler(QueueHandler(log_queue))
+    logger.propagate = False
+    raise ValueError("error in initializer")

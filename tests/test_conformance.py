@@ -298,3 +298,29 @@ def test_cancelling_a_queued_task_with_max_tasks_per_child(ctx, tmp_path):
         gate.touch()
         assert running.result(30) == "first"
         assert p.submit(tasks.square, 3).result(30) == 9  # the next worker takes new work
+
+
+def test_the_stdlibs_private_attributes_that_code_reads(ctx, tmp_path):
+    p = pool.ProcessPool(2, mp_context=ctx)
+    assert p._max_workers == 2 and p._mp_context is ctx and p._broken is False
+    assert p._processes == {} and p._executor_manager_thread is None  # nothing started yet
+    gate = tmp_path / "gate"
+    futures = [p.submit(tasks.wait_for_file, str(gate), i) for i in range(2)]
+    while not all(f.running() for f in futures):
+        threading.Event().wait(0.01)
+    processes = dict(p._processes)
+    assert len(processes) == 2 and all(proc.pid == pid for pid, proc in processes.items())
+    assert all(process_exists(pid) for pid in processes)
+    thread = p._executor_manager_thread
+    assert isinstance(thread, threading.Thread) and thread.is_alive()
+    # Code that finds a worker through _processes and kills it: only its task fails.
+    victim = next(iter(processes.values()))
+    victim.terminate()
+    gate.touch()
+    outcomes = [f.exception(timeout=30) for f in futures]
+    assert sum(isinstance(o, pool.WorkerDied) for o in outcomes) == 1 and None in outcomes
+    assert p.submit(tasks.square, 3).result(timeout=30) == 9
+    p.shutdown()
+    thread.join(timeout=30)
+    assert not thread.is_alive() and p._processes == {}
+    assert not any(process_exists(pid) for pid in processes)

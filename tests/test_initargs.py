@@ -84,3 +84,24 @@ def test_initargs_that_cannot_travel_fail_in_the_constructor(ctx):
                        f"started by '{ctx.get_start_method()}'.*lock"):
         pool.ProcessPool(1, mp_context=ctx, initializer=tasks.init_sets,
                          initargs=(threading.Lock(),))
+
+
+def test_a_failing_initializer_is_logged_in_the_worker_and_breaks_the_pool(ctx):
+    log_queue = ctx.Queue()
+    p = pool.ProcessPool(1, mp_context=ctx, initializer=tasks.init_fails_logging_to,
+                         initargs=(log_queue,))
+    try:
+        assert p._broken is False
+        with pytest.raises(pool.InitializerError):  # a BrokenExecutor, as in the stdlib
+            p.submit(tasks.square, 2).result(timeout=60)
+        assert "failed to start" in p._broken
+        with pytest.raises(pool.InitializerError):
+            p.submit(tasks.square, 2)
+        record = log_queue.get(timeout=30)
+        assert record.getMessage().startswith("Exception in initializer:")
+        assert "ValueError: error in initializer" in record.getMessage()
+    finally:
+        p.shutdown()
+        log_queue.close()
+        del log_queue  # its write end closes when it is freed
+        gc.collect()

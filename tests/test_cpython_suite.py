@@ -1,0 +1,311 @@
+"""CPython's own ``test.test_concurrent_futures`` (its process-pool tests) against ``pool``:
+the referee of DESIGN.md contract 7 ("drop-in").
+
+For each start method, ``cpython_suite.py`` runs the suite in child interpreters (two
+module groups at once, to keep within the time budget), each in a session of its own that
+is killed when it ends, so nothing a test leaked survives. A test that hangs is bounded by
+the runner's watchdog (``--test-timeout``); the run is then restarted after it, and it
+counts as ``hang``. The outcomes are compared with ``cpython_differences.DIFFERENCES``:
+any failure, error or hang not listed there fails this test, and so does a listed one that
+now passes. A summary is printed for the CI log either way.
+
+Environment: ``POOL_CPYTHON_TEST_TIMEOUT`` (seconds per CPython test, default 60),
+``POOL_CPYTHON_BUDGET`` (seconds per start method for all restarts, default 480).
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import cpython_differences
+from helpers import TESTS_DIR
+
+RUNNER = TESTS_DIR / "cpython_suite.py"
+PACKAGE = "test.test_concurrent_futures"
+# Two groups run at once; each takes about half the time (measured on 3.13 and 3.14).
+GROUPS = (("test_process_pool", "test_init"),
+          ("test_shutdown", "test_deadlock", "test_wait", "test_as_completed"))
+TEST_TIMEOUT = float(os.environ.get("POOL_CPYTHON_TEST_TIMEOUT", "60"))
+BUDGET = float(os.environ.get("POOL_CPYTHON_BUDGET", "480"))
+MAX_ATTEMPTS = 12  # per group: restarts after hangs
+EXIT_TIMEOUT = 30.0  # the runner bounds its own exit by this; we wait a little longer
+PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+NOT_PASSING = ("failed", "error", "hang", "crash", "not run")
+
+
+def _session_members(sid: int) -> list[int]:
+    """Live (non-zombie) processes of session ``sid``: the runner and everything it started
+    (pool workers lead process groups of their own, but stay in the session)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            members.append(int(entry))
+    return members
+
+
+def _end_session(sid: int, grace: float) -> list[int]:
+    """Waits up to ``grace`` for the session to empty by itself (a forkserver or resource
+    tracker ends on its own once the runner is gone), then SIGKILLs what is left until
+    nothing is. Returns the pids that had to be killed."""
+    deadline = time.monotonic() + grace
+    while _session_members(sid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    killed: set[int] = set()
+    for _ in range(200):
+        members = _session_members(sid)
+        if not members:
+            break
+        for pid in members:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+    return sorted(killed)
+
+
+def _read_records(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    if not path.exists():
+        return [], offset
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    whole = data[:data.rfind(b"\n") + 1]
+    return [json.loads(line) for line in whole.splitlines() if line.strip()], offset + len(whole)
+
+
+def _tail(path: Path, lines: int = 60) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _module_of(test_id: str) -> str:
+    return test_id[len(PACKAGE) + 1:].split(".")[0]
+
+
+@dataclass
+class GroupRun:
+    """One module group under one start method, restarted after each hang."""
+    start_method: str
+    modules: tuple[str, ...]
+    workdir: Path
+    deadline: float
+    outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return "+".join(m.removeprefix("test_") for m in self.modules)
+
+    def run(self) -> GroupRun:
+        results = self.workdir / f"{self.name}.jsonl"
+        skip_file = self.workdir / f"{self.name}.skip"
+        offset = 0
+        planned: list[str] = []
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            skip_file.write_text("".join(f"{test}\n" for test in self.outcomes))
+            log = self.workdir / f"{self.name}.{attempt}.log"
+            self.logs.append(log)
+            records, offset, rc, cut = self._attempt(results, offset, skip_file, log)
+            if any(r["event"] == "fatal" for r in records) or not any(
+                    r["event"] == "run" for r in records):
+                raise AssertionError(f"the runner for {self.name} ({self.start_method}) failed"
+                                     f" before running tests (exit {rc}):\n{_tail(log)}")
+            header = next(r for r in records if r["event"] == "run")
+            planned = planned or header["tests"]
+            last = None
+            for record in records:
+                if record["event"] == "started":
+                    last = record
+                elif record["event"] == "outcome":
+                    self.outcomes[record["test"]] = record
+                    last = record
+            finished = any(r["event"] == "finished" for r in records)
+            # faulthandler's watchdog (exit=True) writes "Timeout (h:mm:ss)!" and exits with 1
+            hung = cut or (rc == 1 and "Timeout (" in _tail(log, 10**6))
+            if finished:
+                if rc != 0:
+                    self._add("(interpreter exit)", "hang" if hung else "crash",
+                              f"the runner's exit after its last test {'hung' if hung else 'failed'}"
+                              f" (exit {rc}):\n{_tail(log)}")
+                return self
+            outcome = "hang" if hung else "crash"
+            why = (f"did not end in {TEST_TIMEOUT:g} s" if hung
+                   else f"the runner died (exit {rc})")
+            if last is None or last["event"] == "started":
+                culprit = last["test"] if last else header["tests"][0]
+                self._add(culprit, outcome, f"{why}; the runner's last output:\n{_tail(log)}")
+            else:  # between tests: a fixture or module cleanup
+                before = last["test"]
+                rest = [t for t in planned if t not in self.outcomes]
+                if not rest or _module_of(rest[0]) != _module_of(before):
+                    culprit = f"tearDownModule ({PACKAGE}.{_module_of(before)})"
+                else:
+                    culprit = f"{before} [after]"
+                self._add(culprit, outcome, f"{why} after {before}; the runner's last output:"
+                                            f"\n{_tail(log)}")
+            if cut or time.monotonic() >= self.deadline:
+                break
+            if not [t for t in planned if t not in self.outcomes]:
+                return self
+        for test in planned:
+            if test not in self.outcomes:
+                self._add(test, "not run", "the time budget or the restarts ran out")
+        return self
+
+    def _add(self, test: str, outcome: str, detail: str) -> None:
+        self.outcomes[test] = {"test": test, "outcome": outcome, "detail": detail}
+
+    def _attempt(self, results: Path, offset: int, skip_file: Path,
+                 log: Path) -> tuple[list[dict[str, Any]], int, int | None, bool]:
+        """Runs the runner once; returns its new records, the new offset, its exit status
+        and whether our own hard timeout had to cut it (the runner's watchdog failed)."""
+        args = [sys.executable, str(RUNNER), "--start-method", self.start_method,
+                "--modules", ",".join(self.modules), "--results", str(results),
+                "--skip-file", str(skip_file), "--test-timeout", str(TEST_TIMEOUT),
+                "--exit-timeout", str(EXIT_TIMEOUT)]
+        env = dict(os.environ, PYTHONFAULTHANDLER="1")
+        cut = False
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, cwd=self.workdir, env=env,
+                                    start_new_session=True)
+        try:
+            proc.wait(timeout=max(1.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            cut = True
+            self.notes.append(f"{self.name}: hard timeout: the runner was killed")
+        finally:
+            killed = _end_session(proc.pid, 0 if cut else 3.0)
+            proc.kill()  # already dead unless cut; reaps it either way
+            proc.wait()
+        if killed and not cut:
+            self.notes.append(f"{self.name} ({log.name}): {len(killed)} processes outlived "
+                              f"the runner by 3 s and were killed: {killed}")
+        records, offset = _read_records(results, offset)
+        return records, offset, proc.returncode, cut
+
+
+def _generic_key(test_id: str, start_method: str) -> str:
+    """``Class.method`` with the start method taken out of the class name; fixtures as
+    ``tearDownModule (test_shutdown)``."""
+    if not test_id.startswith(PACKAGE + "."):
+        return test_id.replace(PACKAGE + ".", "")
+    cls, _, method = test_id[len(PACKAGE) + 1:].split(".", 1)[1].partition(".")
+    cls = cls.removeprefix(f"ProcessPool{start_method.capitalize()}")
+    return f"{cls}.{method}"
+
+
+def _last_line(detail: str) -> str:
+    lines = [line.strip() for line in detail.splitlines() if line.strip()]
+    return lines[-1][:200] if lines else ""
+
+
+_WARNING_MARKERS = ("resource_tracker:", "leaked", "Warning --", "could not be reaped",
+                    "reap_children")
+
+
+def _warnings(logs: list[Path]) -> collections.Counter[str]:
+    found: collections.Counter[str] = collections.Counter()
+    for log in logs:
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if any(marker in line for marker in _WARNING_MARKERS):
+                found[line.strip()[:160]] += 1
+    return found
+
+
+@pytest.mark.timeout(BUDGET + 120)
+def test_cpython_suite(start_method: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    if importlib.util.find_spec(PACKAGE) is None:
+        message = f"Python {PYTHON} here does not ship {PACKAGE}"
+        if sys.version_info >= (3, 13):  # CI provides it there: its absence is a failure
+            pytest.fail(message + " (install the interpreter's test package)")
+        pytest.skip(message)
+    deadline = time.monotonic() + BUDGET
+    started = time.monotonic()
+    groups = [GroupRun(start_method, modules, tmp_path, deadline) for modules in GROUPS]
+    with concurrent.futures.ThreadPoolExecutor(len(groups)) as threads:
+        for done in [threads.submit(group.run) for group in groups]:
+            done.result()
+    elapsed = time.monotonic() - started
+
+    counts: collections.Counter[str] = collections.Counter()
+    expected: list[str] = []
+    unexpected: list[tuple[str, str]] = []
+    now_pass: list[str] = []
+    stale_skips: list[str] = []
+    seen = set()
+    for group in groups:
+        for test_id, record in group.outcomes.items():
+            key = _generic_key(test_id, start_method)
+            seen.add(key)
+            outcome = record["outcome"]
+            counts[outcome] += 1
+            difference = cpython_differences.lookup(key, start_method, PYTHON)
+            if outcome == "passed" and difference:
+                now_pass.append(f"{key}: passes now; remove it from tests/cpython_differences.py"
+                                f" ({difference.reason})")
+            elif outcome == "skipped" and difference:
+                stale_skips.append(key)
+            elif outcome in NOT_PASSING:
+                if difference and outcome in difference.outcomes:
+                    expected.append(f"{key}: {outcome} ({difference.reason})")
+                else:
+                    listed_as = (f" (listed as {'/'.join(sorted(difference.outcomes))})"
+                                 if difference else "")
+                    unexpected.append((f"{key}: {outcome}{listed_as}", record["detail"]))
+    listed_unseen = sorted(key for key in cpython_differences.listed(start_method, PYTHON)
+                           if key not in seen and not any(k.endswith("." + key) for k in seen))
+    notes = [note for group in groups for note in group.notes]
+    warnings = _warnings([log for group in groups for log in group.logs])
+
+    lines = [f"CPython test_concurrent_futures vs pool: Python {PYTHON}, {start_method}:"
+             f" {sum(counts.values())} tests in {elapsed:.0f} s: "
+             + ", ".join(f"{counts[o]} {o}" for o in ("passed", "skipped", *NOT_PASSING)
+                         if counts[o])
+             + f"; {len(expected)} expected differences, {len(unexpected)} unexpected,"
+               f" {len(now_pass)} listed but passing (logs in {tmp_path})"]
+    lines += [f"  expected  {line}" for line in sorted(expected)]
+    lines += [f"  UNEXPECTED {what}: {_last_line(detail)}" for what, detail in sorted(unexpected)]
+    lines += [f"  PASSES    {line}" for line in sorted(now_pass)]
+    lines += [f"  note      listed but skipped here: {key}" for key in stale_skips]
+    lines += [f"  note      listed but not seen: {key}" for key in listed_unseen]
+    lines += [f"  note      {note}" for note in notes]
+    lines += [f"  warning   {count}x {line}" for line, count in warnings.most_common(8)]
+    with capsys.disabled():
+        print("\n" + "\n".join(lines), flush=True)
+
+    problems = [f"{what}\n{detail}" for what, detail in unexpected] + now_pass
+    if problems:
+        pytest.fail(f"{len(unexpected)} unexpected outcomes and {len(now_pass)} listed"
+                    " differences that pass now:\n\n" + "\n\n".join(problems), pytrace=False)
