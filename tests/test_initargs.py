@@ -103,5 +103,5 @@ def test_a_failing_initializer_is_logged_in_the_worker_and_breaks_the_pool(ctx):
     finally:
         p.shutdown()
         log_queue.close()
-        del log_queue  # its write end closes when it is freed
+        del log_queue, p  # its write end closes when it is freed (the pool keeps initargs)
         gc.collect()
