@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Union
 
 from ._errors import TaskInfo
-from ._futures import PoolFuture
+from ._futures import Latch, PoolFuture
 from ._wire import Buffers
 
 
@@ -48,4 +48,10 @@ class Terminate:
     signum: int  # SIGTERM (terminate_workers) or SIGKILL (kill_workers)
 
 
-Command = Union[Submit, Shutdown, StopTask, Terminate]
+@dataclass(frozen=True, slots=True)
+class Sync:
+    """Set ``done`` once every command queued before this one has been acted on."""
+    done: Latch
+
+
+Command = Union[Submit, Shutdown, StopTask, Terminate, Sync]

@@ -60,7 +60,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Iterator
 
 from . import _exit, _state, _teardown, _wire
-from ._commands import Command, Shutdown, StopTask, Submit, TaskRecord, Terminate
+from ._commands import Command, Shutdown, StopTask, Submit, Sync, TaskRecord, Terminate
 from ._errors import PoolInternalError, TaskInfo, WorkerProtocolError, describe_exit
 from ._futures import CallbackRunner, Latch, PoolFuture, install_on_dispatcher_thread
 from ._outcomes import StartFailures, failure, format_error, fresh, resolve
@@ -170,6 +170,23 @@ class Dispatcher:
         assert self._wakeup is not None
         self._wakeup.wake()
         return future
+
+    def live_processes(self, timeout: float = 5.0) -> dict[int, Any]:
+        """The live workers by pid once the loop has acted on everything submitted before
+        this call (caller thread): as with the stdlib, which starts workers inside
+        ``submit()``, the workers started for those tasks are listed. Waits at most
+        ``timeout`` for the loop (on a latch: contract 9)."""
+        latch = Latch()
+        with self._lock:
+            waits = (self._thread is not None and not self._released
+                     and self._thread is not threading.current_thread())
+            if waits:
+                self._commands.put(Sync(latch))
+        if waits:
+            assert self._wakeup is not None
+            self._wakeup.wake()
+            latch.wait(timeout)
+        return self.processes
 
     def stop_task(self, task_id: int) -> None:
         """Ask for a task to be stopped (caller thread; ``PoolFuture.stop``)."""
@@ -333,7 +350,9 @@ class Dispatcher:
             if unscheduled:
                 self._perform(self._machine.schedule())
                 unscheduled = False
-            if isinstance(command, Shutdown):
+            if isinstance(command, Sync):
+                command.done.set()
+            elif isinstance(command, Shutdown):
                 self._perform(self._machine.shutdown(cancel_futures=command.cancel_futures))
             elif isinstance(command, StopTask):
                 self._perform(self._machine.stop_task(command.task_id))
@@ -593,7 +612,11 @@ class Dispatcher:
         with self._lock:
             self.broken_error = error
         pending = list(self._tasks.values())
-        pending += [c.record for c in self._take_commands() if isinstance(c, Submit)]
+        for command in self._take_commands():
+            if isinstance(command, Submit):
+                pending.append(command.record)
+            elif isinstance(command, Sync):
+                command.done.set()
         for record in pending:
             resolve(record.future, None, fresh(error))
         self._tasks.clear()
@@ -616,6 +639,9 @@ class Dispatcher:
         with self._lock:
             self._closing = True
             self._released = True
+        for command in self._take_commands():  # nothing can be queued any more
+            if isinstance(command, Sync):
+                command.done.set()
         self._wakeup.close()
         _teardown.close_fds(*self._lifeline)
         self._callbacks.close()

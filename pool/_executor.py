@@ -257,10 +257,10 @@ class ProcessPool(Executor):
     @property
     def _processes(self) -> dict[int, Any]:
         """The live workers, ``{pid: multiprocessing Process}``, as in the stdlib (where code
-        reads it to find or signal workers). A snapshot the pool's thread publishes when a
-        worker starts or is reaped: workers start on demand, on that thread, so right after
-        ``submit()`` the new worker may not be listed yet."""
-        return self._dispatcher.processes
+        reads it to find or signal workers): a snapshot taken once the pool's thread has
+        acted on every task submitted before, so the workers started for them are listed
+        (workers start on demand, on that thread)."""
+        return self._dispatcher.live_processes()
 
     @property
     def _broken(self) -> str | bool:

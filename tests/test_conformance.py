@@ -306,6 +306,7 @@ def test_the_stdlibs_private_attributes_that_code_reads(ctx, tmp_path):
     assert p._processes == {} and p._executor_manager_thread is None  # nothing started yet
     gate = tmp_path / "gate"
     futures = [p.submit(tasks.wait_for_file, str(gate), i) for i in range(2)]
+    assert len(p._processes) == 2  # as the stdlib: the workers started for them are listed
     while not all(f.running() for f in futures):
         threading.Event().wait(0.01)
     processes = dict(p._processes)
