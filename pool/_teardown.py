@@ -148,9 +148,15 @@ def forget_process(process: Any) -> None:
 
 
 def reap(process: Any, timeout: float = 0.0) -> int | None:
-    """Join the process (reaping it) and release its handle; its exit code, or None."""
+    """Join the process (reaping it); its exit code, or None.
+
+    Once reaped it is dropped from multiprocessing's set of children, so that its handle
+    (the sentinel's descriptor) is released as soon as nobody refers to it. It is not
+    ``close()``d: code that took it from ``executor._processes`` may still ``join()`` it,
+    read its ``exitcode`` or call ``terminate()`` (a no-op now), as with the stdlib.
+    """
     process.join(timeout)
     exitcode: int | None = process.exitcode
     if exitcode is not None:
-        process.close()
+        forget_process(process)
     return exitcode

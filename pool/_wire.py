@@ -26,7 +26,7 @@ import sys
 import threading
 import traceback
 import types
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import cloudpickle
 from tblib import pickling_support
@@ -709,7 +709,7 @@ def decode_exception(body: bytes | bytearray) -> BaseException:
         reason = f"pickling in the worker failed: {reason}"
     if blob is not None:
         try:
-            exc = pickle.loads(blob)
+            exc = _loads_detached(blob)
             if isinstance(exc, BaseException):
                 if reason:  # the pickling error, standing in for the task's exception
                     exc.__cause__ = RemoteTaskError(type_name, message, text, reason)
@@ -718,6 +718,23 @@ def decode_exception(body: bytes | bytearray) -> BaseException:
         except BaseException as err:  # user reducers run here; even SystemExit is theirs
             reason = f"unpickling in the parent failed: {type(err).__name__}: {err}"
     return RemoteTaskError(type_name, message, text, reason)
+
+
+def _loads_detached(data: bytes) -> Any:
+    """``pickle.loads``, run in a generator's frame.
+
+    tblib rebuilds a traceback out of real frames, whose ``f_back`` chain leads to whoever
+    unpickled it: here the dispatcher's frames, with what they hold (reply bodies, worker
+    handles and so their processes' descriptors), kept alive for as long as the caller
+    keeps the exception. A generator's frame has no caller once it is suspended, so the
+    chain ends there.
+    """
+    def load(data: bytes) -> Iterator[Any]:
+        value = pickle.loads(data)
+        del data
+        yield value
+
+    return next(load(data))
 
 
 def decode_outcome(frame: Frame) -> tuple[bool, Any]:

@@ -97,6 +97,23 @@ def test_exceptions_keep_type_message_and_worker_frames(ctx):
     assert "raise_value_error" in frames  # the worker's own frame, not a text blob
 
 
+def test_a_remote_exception_holds_no_frame_of_the_pool(ctx):
+    # tblib rebuilds remote frames from real ones; their f_back chain must not lead into the
+    # dispatcher, whose frames hold reply bodies and worker handles (with their processes'
+    # descriptors) for as long as the caller keeps the exception.
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        error = p.submit(tasks.raise_value_error, "x").exception(timeout=30)
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        while frame is not None:
+            frames.append(frame.f_code.co_filename)
+            frame = frame.f_back
+        tb = tb.tb_next
+    assert frames and not [f for f in frames if f.endswith(("_dispatcher.py", "threading.py"))]
+
+
 def test_exception_chains_are_kept(ctx):
     with pool.ProcessPool(1, mp_context=ctx) as p:
         error = p.submit(tasks.raise_chained).exception(timeout=30)
@@ -325,3 +342,7 @@ def test_the_stdlibs_private_attributes_that_code_reads(ctx, tmp_path):
     thread.join(timeout=30)
     assert not thread.is_alive() and p._processes == {}
     assert not any(process_exists(pid) for pid in processes)
+    for process in processes.values():  # still usable, as the stdlib's: not closed
+        process.join()
+        process.terminate()
+        assert process.exitcode is not None
