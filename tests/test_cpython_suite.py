@@ -3,14 +3,17 @@ the referee of DESIGN.md contract 7 ("drop-in").
 
 For each start method, ``cpython_suite.py`` runs the suite in child interpreters (two
 module groups at once, to keep within the time budget), each in a session of its own that
-is killed when it ends, so nothing a test leaked survives. A test that hangs is bounded by
-the runner's watchdog (``--test-timeout``); the run is then restarted after it, and it
-counts as ``hang``. The outcomes are compared with ``cpython_differences.DIFFERENCES``:
-any failure, error or hang not listed there fails this test, and so does a listed one that
-now passes. A summary is printed for the CI log either way.
+is killed when it ends, so nothing a test leaked survives; each also ends itself if this
+process dies (``--lifeline``). A test that hangs is ended by the runner's watchdog
+(``TEST_TIMEOUT``; what runs between tests, ``FIXTURE_TIMEOUT``), counts as ``hang``, and
+the runner is restarted after it. The outcomes are compared with
+``cpython_differences.DIFFERENCES``: any failure, error or hang not listed there fails this
+test, and so does a listed one that now passes. A summary is printed for the CI log
+either way; the runners' logs and JSON-lines results stay in the test's ``tmp_path``.
 
-Environment: ``POOL_CPYTHON_TEST_TIMEOUT`` (seconds per CPython test, default 60),
-``POOL_CPYTHON_BUDGET`` (seconds per start method for all restarts, default 480).
+Run one start method: ``pytest tests/test_cpython_suite.py -k spawn``. Environment:
+``POOL_CPYTHON_TEST_TIMEOUT`` (seconds per CPython test, default 60),
+``POOL_CPYTHON_BUDGET`` (seconds per start method, restarts included, default 480).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import concurrent.futures
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,17 +35,23 @@ from typing import Any
 import pytest
 
 import cpython_differences
+from cpython_suite import generic_key
 from helpers import TESTS_DIR
 
 RUNNER = TESTS_DIR / "cpython_suite.py"
 PACKAGE = "test.test_concurrent_futures"
-# Two groups run at once; each takes about half the time (measured on 3.13 and 3.14).
+# Two groups run at once (measured without hangs: 3.13 spends most in the second, test_wait
+# sleeps; 3.14 in the first, which starts a Manager per test).
 GROUPS = (("test_process_pool", "test_init"),
           ("test_shutdown", "test_deadlock", "test_wait", "test_as_completed"))
 TEST_TIMEOUT = float(os.environ.get("POOL_CPYTHON_TEST_TIMEOUT", "60"))
+FIXTURE_TIMEOUT = 20.0  # what runs between tests: module fixtures and cleanups (~1 s)
+# A test listed as hanging still runs (so that a fix shows), but is given up on sooner:
+# CPython's tests take at most a few seconds when they pass.
+EXPECTED_HANG_TIMEOUT = 15.0
 BUDGET = float(os.environ.get("POOL_CPYTHON_BUDGET", "480"))
 MAX_ATTEMPTS = 12  # per group: restarts after hangs
-EXIT_TIMEOUT = 30.0  # the runner bounds its own exit by this; we wait a little longer
+EXIT_TIMEOUT = 30.0  # the runner bounds its own exit (a leaked pool is waited for) by this
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 NOT_PASSING = ("failed", "error", "hang", "crash", "not run")
 
@@ -64,26 +74,39 @@ def _session_members(sid: int) -> list[int]:
     return members
 
 
-def _end_session(sid: int, grace: float) -> list[int]:
+def _describe(pid: int) -> str:
+    """The pid and command line, and whether it leads a process group (pool workers do;
+    one that outlives the runner by seconds has missed its lifeline)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:100]
+        leader = os.getpgid(pid) == pid
+    except OSError:
+        return f"{pid} (gone)"
+    return f"{pid}{' [group leader]' if leader else ''} {command}"
+
+
+def _end_session(sid: int, grace: float) -> list[str]:
     """Waits up to ``grace`` for the session to empty by itself (a forkserver or resource
     tracker ends on its own once the runner is gone), then SIGKILLs what is left until
-    nothing is. Returns the pids that had to be killed."""
+    nothing is. Returns the processes that had to be killed (pid and command line)."""
     deadline = time.monotonic() + grace
     while _session_members(sid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    killed: set[int] = set()
+    killed: dict[int, str] = {}
     for _ in range(200):
         members = _session_members(sid)
         if not members:
             break
         for pid in members:
+            if pid not in killed:
+                killed[pid] = _describe(pid)
             try:
                 os.kill(pid, signal.SIGKILL)
-                killed.add(pid)
             except ProcessLookupError:
                 pass
         time.sleep(0.05)
-    return sorted(killed)
+    return [killed[pid] for pid in sorted(killed)]
 
 
 def _read_records(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
@@ -118,6 +141,14 @@ class GroupRun:
     outcomes: dict[str, dict[str, Any]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
+    runner_pid: int | None = None  # the session to kill if the test is interrupted
+    aborted: bool = False
+
+    def abort(self) -> None:
+        """From another thread: stop now (Ctrl-C, pytest-timeout), killing the runner."""
+        self.aborted = True
+        if self.runner_pid is not None:
+            _end_session(self.runner_pid, 0)
 
     @property
     def name(self) -> str:
@@ -129,14 +160,17 @@ class GroupRun:
         offset = 0
         planned: list[str] = []
         for attempt in range(1, MAX_ATTEMPTS + 1):
+            if self.aborted:
+                raise RuntimeError("aborted")
             skip_file.write_text("".join(f"{test}\n" for test in self.outcomes))
             log = self.workdir / f"{self.name}.{attempt}.log"
             self.logs.append(log)
             records, offset, rc, cut = self._attempt(results, offset, skip_file, log)
-            if any(r["event"] == "fatal" for r in records) or not any(
-                    r["event"] == "run" for r in records):
+            fatal = [r["detail"] for r in records if r["event"] == "fatal"]
+            if fatal or not any(r["event"] == "run" for r in records):
                 raise AssertionError(f"the runner for {self.name} ({self.start_method}) failed"
-                                     f" before running tests (exit {rc}):\n{_tail(log)}")
+                                     f" before running tests (exit {rc}):\n"
+                                     + (fatal[0] if fatal else _tail(log)))
             header = next(r for r in records if r["event"] == "run")
             planned = planned or header["tests"]
             last = None
@@ -151,16 +185,25 @@ class GroupRun:
             hung = cut or (rc == 1 and "Timeout (" in _tail(log, 10**6))
             if finished:
                 if rc != 0:
+                    what = "hung" if hung else "failed"
                     self._add("(interpreter exit)", "hang" if hung else "crash",
-                              f"the runner's exit after its last test {'hung' if hung else 'failed'}"
-                              f" (exit {rc}):\n{_tail(log)}")
+                              f"the runner's exit after its last test {what} (exit {rc}):\n"
+                              f"{_tail(log)}")
                 return self
             outcome = "hang" if hung else "crash"
-            why = (f"did not end in {TEST_TIMEOUT:g} s" if hung
-                   else f"the runner died (exit {rc})")
-            if last is None or last["event"] == "started":
-                culprit = last["test"] if last else header["tests"][0]
-                self._add(culprit, outcome, f"{why}; the runner's last output:\n{_tail(log)}")
+
+            def why(limit: float) -> str:
+                if cut:
+                    return "its watchdog did not end the runner: killed at the time budget"
+                return f"did not end in {limit:g} s" if hung else f"the runner died (exit {rc})"
+
+            if last is not None and last["event"] == "started":
+                culprit = last["test"]
+                detail = why(last.get("timeout", TEST_TIMEOUT))
+            elif last is None:  # in the set-up before the first test
+                first = header["tests"][0] if header["tests"] else f"{PACKAGE}.?"
+                culprit = f"setUpModule ({PACKAGE}.{_module_of(first)})"
+                detail = f"{why(FIXTURE_TIMEOUT)} before the first test"
             else:  # between tests: a fixture or module cleanup
                 before = last["test"]
                 rest = [t for t in planned if t not in self.outcomes]
@@ -168,8 +211,8 @@ class GroupRun:
                     culprit = f"tearDownModule ({PACKAGE}.{_module_of(before)})"
                 else:
                     culprit = f"{before} [after]"
-                self._add(culprit, outcome, f"{why} after {before}; the runner's last output:"
-                                            f"\n{_tail(log)}")
+                detail = f"{why(FIXTURE_TIMEOUT)} after {before}"
+            self._add(culprit, outcome, f"{detail}; the runner's last output:\n{_tail(log)}")
             if cut or time.monotonic() >= self.deadline:
                 break
             if not [t for t in planned if t not in self.outcomes]:
@@ -189,13 +232,30 @@ class GroupRun:
         args = [sys.executable, str(RUNNER), "--start-method", self.start_method,
                 "--modules", ",".join(self.modules), "--results", str(results),
                 "--skip-file", str(skip_file), "--test-timeout", str(TEST_TIMEOUT),
+                "--fixture-timeout", str(FIXTURE_TIMEOUT),
+                *(f"--timeout-for={key}={EXPECTED_HANG_TIMEOUT}"
+                  for key in cpython_differences.listed(self.start_method, PYTHON,
+                                                        outcome="hang")),
                 "--exit-timeout", str(EXIT_TIMEOUT)]
         env = dict(os.environ, PYTHONFAULTHANDLER="1")
         cut = False
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, cwd=self.workdir, env=env,
-                                    start_new_session=True)
+        # The runner ends itself when this pipe closes: if this process dies (SIGKILL, say),
+        # nothing it started runs on unwatched.
+        lifeline_r, lifeline_w = os.pipe()
+        try:
+            with open(log, "wb") as out:
+                proc = subprocess.Popen(args + ["--lifeline", str(lifeline_r)],
+                                        stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=subprocess.STDOUT, cwd=self.workdir, env=env,
+                                        start_new_session=True, pass_fds=(lifeline_r,))
+        except BaseException:
+            os.close(lifeline_w)
+            raise
+        finally:
+            os.close(lifeline_r)
+        self.runner_pid = proc.pid
+        if self.aborted:  # abort() ran before it could see this runner
+            _end_session(proc.pid, 0)
         try:
             proc.wait(timeout=max(1.0, self.deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
@@ -205,30 +265,32 @@ class GroupRun:
             killed = _end_session(proc.pid, 0 if cut else 3.0)
             proc.kill()  # already dead unless cut; reaps it either way
             proc.wait()
+            os.close(lifeline_w)
+            self.runner_pid = None
         if killed and not cut:
             self.notes.append(f"{self.name} ({log.name}): {len(killed)} processes outlived "
-                              f"the runner by 3 s and were killed: {killed}")
+                              f"the runner (exit {proc.returncode}) by 3 s and were killed: "
+                              + "; ".join(killed)
+                              + (" (the runner was cut short: what the test running then had"
+                                 " started was never shut down)" if proc.returncode else ""))
         records, offset = _read_records(results, offset)
         return records, offset, proc.returncode, cut
 
 
-def _generic_key(test_id: str, start_method: str) -> str:
-    """``Class.method`` with the start method taken out of the class name; fixtures as
-    ``tearDownModule (test_shutdown)``."""
-    if not test_id.startswith(PACKAGE + "."):
-        return test_id.replace(PACKAGE + ".", "")
-    cls, _, method = test_id[len(PACKAGE) + 1:].split(".", 1)[1].partition(".")
-    cls = cls.removeprefix(f"ProcessPool{start_method.capitalize()}")
-    return f"{cls}.{method}"
-
-
-def _last_line(detail: str) -> str:
+def _gist(outcome: str, detail: str) -> str:
+    """One line: the exception a failure ended with, or what a hang or crash was."""
     lines = [line.strip() for line in detail.splitlines() if line.strip()]
-    return lines[-1][:200] if lines else ""
+    if not lines:
+        return ""
+    return (lines[-1] if outcome in ("failed", "error") else lines[0])[:200]
 
 
-_WARNING_MARKERS = ("resource_tracker:", "leaked", "Warning --", "could not be reaped",
-                    "reap_children")
+# Lines of the runners' output worth a count in the summary, as (marker, regex to
+# normalise them with: pids, addresses, counts and durations do not make a new kind).
+_WARNING_MARKERS = ("resource_tracker:", "leaked", "threading_cleanup() failed",
+                    "Dangling thread: <Thread", "could not be reaped", "reap_children()",
+                    "ResourceWarning", "Exception in thread", "Exception ignored")
+_VARYING = re.compile(r"^\d+\.\d+s |0x[0-9a-f]+|\d+|'/mp-[^']*'")
 
 
 def _warnings(logs: list[Path]) -> collections.Counter[str]:
@@ -240,14 +302,21 @@ def _warnings(logs: list[Path]) -> collections.Counter[str]:
             continue
         for line in text.splitlines():
             if any(marker in line for marker in _WARNING_MARKERS):
-                found[line.strip()[:160]] += 1
+                found[_VARYING.sub("N", line.strip())[:160]] += 1
     return found
 
 
 @pytest.mark.timeout(BUDGET + 120)
-def test_cpython_suite(start_method: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    if importlib.util.find_spec(PACKAGE) is None:
-        message = f"Python {PYTHON} here does not ship {PACKAGE}"
+def test_cpython_suite(start_method: str, tmp_path: Path,
+                       capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        spec = importlib.util.find_spec(PACKAGE)
+    except ImportError:  # no ``test`` package at all
+        spec = None
+    # (Up to 3.11 it is one module, test_concurrent_futures.py, which the runner cannot split
+    # by start method; since 3.12 a package.)
+    if spec is None or spec.submodule_search_locations is None:
+        message = f"Python {PYTHON} here does not ship {PACKAGE} as a package"
         if sys.version_info >= (3, 13):  # CI provides it there: its absence is a failure
             pytest.fail(message + " (install the interpreter's test package)")
         pytest.skip(message)
@@ -255,35 +324,47 @@ def test_cpython_suite(start_method: str, tmp_path: Path, capsys: pytest.Capture
     started = time.monotonic()
     groups = [GroupRun(start_method, modules, tmp_path, deadline) for modules in GROUPS]
     with concurrent.futures.ThreadPoolExecutor(len(groups)) as threads:
-        for done in [threads.submit(group.run) for group in groups]:
-            done.result()
+        try:
+            for done in [threads.submit(group.run) for group in groups]:
+                done.result()
+        except BaseException:  # Ctrl-C, pytest-timeout, a runner that failed to start
+            pending = list(groups)
+            while pending:
+                try:
+                    pending[0].abort()
+                    pending.pop(0)
+                except KeyboardInterrupt:  # a second Ctrl-C: stop every runner first
+                    pass
+            raise
     elapsed = time.monotonic() - started
 
     counts: collections.Counter[str] = collections.Counter()
     expected: list[str] = []
-    unexpected: list[tuple[str, str]] = []
+    unexpected: list[tuple[str, str, str]] = []
     now_pass: list[str] = []
     stale_skips: list[str] = []
     seen = set()
     for group in groups:
         for test_id, record in group.outcomes.items():
-            key = _generic_key(test_id, start_method)
+            key = generic_key(test_id, start_method)
             seen.add(key)
             outcome = record["outcome"]
             counts[outcome] += 1
             difference = cpython_differences.lookup(key, start_method, PYTHON)
-            if outcome == "passed" and difference:
+            if difference is None:
+                if outcome in NOT_PASSING:
+                    unexpected.append((f"{key}: {outcome}", outcome, record["detail"]))
+            elif outcome in difference.outcomes:
+                expected.append(f"{key}: {outcome} ({difference.reason})")
+            elif outcome == "passed":
                 now_pass.append(f"{key}: passes now; remove it from tests/cpython_differences.py"
                                 f" ({difference.reason})")
-            elif outcome == "skipped" and difference:
+            elif outcome == "skipped":
                 stale_skips.append(key)
-            elif outcome in NOT_PASSING:
-                if difference and outcome in difference.outcomes:
-                    expected.append(f"{key}: {outcome} ({difference.reason})")
-                else:
-                    listed_as = (f" (listed as {'/'.join(sorted(difference.outcomes))})"
-                                 if difference else "")
-                    unexpected.append((f"{key}: {outcome}{listed_as}", record["detail"]))
+            else:
+                listed_as = "/".join(sorted(difference.outcomes))
+                unexpected.append((f"{key}: {outcome} (listed as {listed_as})", outcome,
+                                   record["detail"]))
     listed_unseen = sorted(key for key in cpython_differences.listed(start_method, PYTHON)
                            if key not in seen and not any(k.endswith("." + key) for k in seen))
     notes = [note for group in groups for note in group.notes]
@@ -296,7 +377,8 @@ def test_cpython_suite(start_method: str, tmp_path: Path, capsys: pytest.Capture
              + f"; {len(expected)} expected differences, {len(unexpected)} unexpected,"
                f" {len(now_pass)} listed but passing (logs in {tmp_path})"]
     lines += [f"  expected  {line}" for line in sorted(expected)]
-    lines += [f"  UNEXPECTED {what}: {_last_line(detail)}" for what, detail in sorted(unexpected)]
+    lines += [f"  UNEXPECTED {what}: {_gist(outcome, detail)}"
+              for what, outcome, detail in sorted(unexpected)]
     lines += [f"  PASSES    {line}" for line in sorted(now_pass)]
     lines += [f"  note      listed but skipped here: {key}" for key in stale_skips]
     lines += [f"  note      listed but not seen: {key}" for key in listed_unseen]
@@ -305,7 +387,7 @@ def test_cpython_suite(start_method: str, tmp_path: Path, capsys: pytest.Capture
     with capsys.disabled():
         print("\n" + "\n".join(lines), flush=True)
 
-    problems = [f"{what}\n{detail}" for what, detail in unexpected] + now_pass
+    problems = [f"{what}\n{detail}" for what, _, detail in unexpected] + now_pass
     if problems:
         pytest.fail(f"{len(unexpected)} unexpected outcomes and {len(now_pass)} listed"
                     " differences that pass now:\n\n" + "\n\n".join(problems), pytrace=False)
