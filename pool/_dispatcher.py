@@ -114,6 +114,7 @@ class Dispatcher:
         self._start_failures = StartFailures(self.name)
         self._callbacks = CallbackRunner(f"{self.name}-callbacks")
         self._injected_fault: BaseException | None = None  # tests: make the loop fail
+        self._decoded_errors: list[BaseException] = []  # this turn's; see release_frames
         # Shared with caller threads: guarded by _lock (never taken by the loop itself
         # except to publish a failure).
         self._lock = threading.Lock()
@@ -322,6 +323,10 @@ class Dispatcher:
         self.fire_deadlines()
         self.flush_sends()
         self.census = self._machine.census()
+        if self._decoded_errors:  # now that the frames that decoded them have returned
+            for error in self._decoded_errors:
+                _wire.release_frames(error)
+            self._decoded_errors.clear()
 
     def _watched(self) -> list[int]:
         assert self._wakeup is not None
@@ -425,6 +430,7 @@ class Dispatcher:
                 slot, pipelining=worker.reclaim_fd is not None))
         elif frame.kind is Kind.INIT_FAILED:
             worker.start_error = _wire.decode_exception(frame.body)
+            self._decoded_errors.append(worker.start_error)
         elif frame.kind is Kind.OVER_MEMORY:
             if len(frame.body) != 8:
                 raise _wire.MalformedFrame(f"{len(frame.body)} bytes, not 8")
@@ -436,7 +442,9 @@ class Dispatcher:
             in_flight = machine_slot.in_flight
             if not in_flight or in_flight[0] != frame.task_id:
                 return False
-            self._tasks[frame.task_id].outcome = _wire.decode_outcome(frame)
+            outcome = self._tasks[frame.task_id].outcome = _wire.decode_outcome(frame)
+            if not outcome[0]:
+                self._decoded_errors.append(outcome[1])
             self._perform(self._machine.task_replied(slot, frame.task_id))
         return True
 

@@ -4,8 +4,9 @@ with hundreds of lines of output; here they fail at once, in a few lines that na
 
 Owns: nothing; pure checks. Runs in: a caller's thread (the constructor, the first submit).
 Guarantees: never raises for a program that can start workers (a pool created at the top
-level but used only under the guard passes, as it works with the stdlib); costs nothing
-after a pool's first submission.
+level but used only under the guard passes, as it works with the stdlib; so does any code
+under a block that tests ``__name__``, and ``python -m package``, whose ``__main__`` module
+workers do not run again); costs nothing after a pool's first submission.
 Assumes: multiprocessing's spawn and forkserver children re-run the main script's top
 level as ``__mp_main__`` (with ``current_process()._inheriting`` set while they do), and a
 forked child does not.
@@ -45,6 +46,9 @@ def check_main_is_guarded(start_method: str) -> None:
                                    "that was starting up)"))
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
+    spec_name = getattr(getattr(main, "__spec__", None), "name", "") or ""
+    if spec_name == "__main__" or spec_name.endswith(".__main__"):
+        return  # ``python -m package``: workers do not run a __main__ module again
     frame = _top_level_frame(main)
     if main is None or path is None or frame is None:
         return  # not called from a main script's top level (-c, a REPL, a later call)
@@ -62,7 +66,7 @@ def _top_level_frame(main: ModuleType | None) -> FrameType | None:
     """The frame running the main script's top level, if it is on this thread's stack."""
     if main is None:
         return None
-    frame: FrameType | None = sys._getframe(2)
+    frame: FrameType | None = sys._getframe()
     while frame is not None:
         if frame.f_globals is vars(main) and frame.f_code.co_name == "<module>":
             return frame
@@ -71,33 +75,28 @@ def _top_level_frame(main: ModuleType | None) -> FrameType | None:
 
 
 def _guarded(statements: list[ast.stmt], line: int) -> bool:
-    """Whether ``line`` lies inside an ``if __name__ == "__main__":`` body, at any depth."""
+    """Whether ``line`` lies inside a block that depends on ``__name__`` (the ``__main__``
+    guard, in whatever form: ``if __name__ == "__main__" and ...:``, ``match __name__:``),
+    at any depth. Anything that tests ``__name__`` counts: a check that cannot tell must
+    let the program through."""
     for node in statements:
         end = getattr(node, "end_lineno", None) or node.lineno
         if not node.lineno <= line <= end:
             continue
-        if isinstance(node, ast.If) and _is_main_test(node.test):
-            return any(inner.lineno <= line <= (inner.end_lineno or inner.lineno)
-                       for inner in node.body)
-        for field in ("body", "orelse", "finalbody", "handlers"):
-            inner = getattr(node, field, None)
-            if isinstance(inner, list) and _guarded(
-                    [n for child in inner for n in ([child] if isinstance(child, ast.stmt)
-                                                    else getattr(child, "body", []))], line):
-                return True
-        return False
+        test = node.test if isinstance(node, (ast.If, ast.While)) else (
+            node.subject if isinstance(node, ast.Match) else None)
+        if test is not None and _mentions_name(test):
+            return True
+        inner: list[ast.stmt] = []
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            for child in getattr(node, field, None) or []:
+                inner += [child] if isinstance(child, ast.stmt) else getattr(child, "body", [])
+        return _guarded(inner, line)
     return False
 
 
-def _is_main_test(test: ast.expr) -> bool:
-    """``__name__ == "__main__"`` (either way round)."""
-    if not (isinstance(test, ast.Compare) and len(test.ops) == 1
-            and isinstance(test.ops[0], ast.Eq)):
-        return False
-    sides = [test.left, test.comparators[0]]
-    names = [s for s in sides if isinstance(s, ast.Name) and s.id == "__name__"]
-    values = [s for s in sides if isinstance(s, ast.Constant) and s.value == "__main__"]
-    return len(names) == 1 and len(values) == 1
+def _mentions_name(test: ast.expr) -> bool:
+    return any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(test))
 
 
 def _advice(start_method: str, script: str, where: str) -> str:

@@ -148,15 +148,18 @@ def forget_process(process: Any) -> None:
 
 
 def reap(process: Any, timeout: float = 0.0) -> int | None:
-    """Join the process (reaping it); its exit code, or None.
+    """Join the process (reaping it) and release its descriptors; its exit code, or None.
 
-    Once reaped it is dropped from multiprocessing's set of children, so that its handle
-    (the sentinel's descriptor) is released as soon as nobody refers to it. It is not
-    ``close()``d: code that took it from ``executor._processes`` may still ``join()`` it,
-    read its ``exitcode`` or call ``terminate()`` (a no-op now), as with the stdlib.
+    The ``Process`` itself is not ``close()``d: code that took it from
+    ``executor._processes`` may still ``join()`` it, read ``exitcode`` or ``is_alive()``, or
+    call ``terminate()`` (a no-op now), as with the stdlib. Only its popen is closed, which
+    closes the sentinel's descriptors now rather than whenever the object is collected
+    (what it answers from then on is the exit status it keeps).
     """
     process.join(timeout)
     exitcode: int | None = process.exitcode
     if exitcode is not None:
-        forget_process(process)
+        popen = getattr(process, "_popen", None)
+        if popen is not None and hasattr(popen, "close"):
+            popen.close()
     return exitcode

@@ -26,7 +26,7 @@ import sys
 import threading
 import traceback
 import types
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import cloudpickle
 from tblib import pickling_support
@@ -709,7 +709,7 @@ def decode_exception(body: bytes | bytearray) -> BaseException:
         reason = f"pickling in the worker failed: {reason}"
     if blob is not None:
         try:
-            exc = _loads_detached(blob)
+            exc = pickle.loads(blob)
             if isinstance(exc, BaseException):
                 if reason:  # the pickling error, standing in for the task's exception
                     exc.__cause__ = RemoteTaskError(type_name, message, text, reason)
@@ -720,21 +720,33 @@ def decode_exception(body: bytes | bytearray) -> BaseException:
     return RemoteTaskError(type_name, message, text, reason)
 
 
-def _loads_detached(data: bytes) -> Any:
-    """``pickle.loads``, run in a generator's frame.
+def release_frames(exc: BaseException) -> None:
+    """Clear the locals of the finished frames that an unpickled exception keeps alive.
 
-    tblib rebuilds a traceback out of real frames, whose ``f_back`` chain leads to whoever
-    unpickled it: here the dispatcher's frames, with what they hold (reply bodies, worker
-    handles and so their processes' descriptors), kept alive for as long as the caller
-    keeps the exception. A generator's frame has no caller once it is suspended, so the
-    chain ends there.
+    tblib rebuilds remote tracebacks out of real frames (and a reducer that fails leaves
+    real frames too), whose ``f_back`` chains lead into whoever unpickled them: the
+    dispatcher's frames, holding reply bodies and worker handles for as long as the caller
+    keeps the exception. Called once those frames have returned; the frames still running
+    (the loop's own) are left alone, and so is everything a traceback prints.
     """
-    def load(data: bytes) -> Iterator[Any]:
-        value = pickle.loads(data)
-        del data
-        yield value
-
-    return next(load(data))
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        todo += [current.__cause__, current.__context__]
+        tb = current.__traceback__
+        while tb is not None:
+            frame: types.FrameType | None = tb.tb_frame.f_back
+            while frame is not None:
+                try:
+                    frame.clear()
+                except RuntimeError:
+                    break  # still running: so are all its callers
+                frame = frame.f_back
+            tb = tb.tb_next
 
 
 def decode_outcome(frame: Frame) -> tuple[bool, Any]:
@@ -749,11 +761,7 @@ def decode_outcome(frame: Frame) -> tuple[bool, Any]:
         except BaseException as err:  # user reducers run here; even SystemExit is theirs
             error = ResultTransferError(None, "unpickling in the parent",
                                         f"{type(err).__name__}: {err}")
-            # Keep where it failed (the user's reducer), not what the frames held: this
-            # frame holds the body, which may be large, and the future keeps this error.
-            err.__traceback__ = err.__traceback__.tb_next if err.__traceback__ else None
-            traceback.clear_frames(err.__traceback__)
-            error.__cause__ = err
+            error.__cause__ = err  # (see release_frames)
             return False, error
     if frame.kind is Kind.RAISED:
         return False, decode_exception(frame.body)

@@ -97,21 +97,28 @@ def test_exceptions_keep_type_message_and_worker_frames(ctx):
     assert "raise_value_error" in frames  # the worker's own frame, not a text blob
 
 
-def test_a_remote_exception_holds_no_frame_of_the_pool(ctx):
-    # tblib rebuilds remote frames from real ones; their f_back chain must not lead into the
-    # dispatcher, whose frames hold reply bodies and worker handles (with their processes'
-    # descriptors) for as long as the caller keeps the exception.
+@pytest.mark.parametrize("make_error", ["raise", "result fails to unpickle"])
+def test_a_remote_exception_keeps_nothing_of_the_pool_alive(ctx, make_error):
+    # tblib rebuilds remote frames from real ones, and a reducer failing in the parent leaves
+    # real frames: their f_back chains lead into the dispatcher, whose frames held reply
+    # bodies and worker handles. Kept by the caller's exception, those must hold nothing.
     with pool.ProcessPool(1, mp_context=ctx) as p:
-        error = p.submit(tasks.raise_value_error, "x").exception(timeout=30)
-    frames = []
-    tb = error.__traceback__
-    while tb is not None:
-        frame = tb.tb_frame
-        while frame is not None:
-            frames.append(frame.f_code.co_filename)
-            frame = frame.f_back
-        tb = tb.tb_next
-    assert frames and not [f for f in frames if f.endswith(("_dispatcher.py", "threading.py"))]
+        if make_error == "raise":
+            error = p.submit(tasks.raise_value_error, "x").exception(timeout=30)
+        else:
+            error = p.submit(tasks.return_unpickle_bomb_for_parent, "raise").exception(timeout=30)
+            assert isinstance(error, pool.ResultTransferError)
+    held = set()
+    for exc in (error, error.__cause__):
+        tb = exc.__traceback__ if exc is not None else None
+        while tb is not None:
+            frame = tb.tb_frame
+            while frame is not None:
+                if frame.f_code.co_filename.endswith("_dispatcher.py"):
+                    held |= set(frame.f_locals) - {"self"}
+                frame = frame.f_back
+            tb = tb.tb_next
+    assert not held & {"worker", "frame", "record", "outcome", "slot"}, held
 
 
 def test_exception_chains_are_kept(ctx):

@@ -77,6 +77,45 @@ def test_a_pool_created_at_the_top_level_and_used_under_the_guard_works(method, 
     assert proc.stdout.split() == ["285"]
 
 
+# Other shapes of the guard, and ``python -m package`` (whose __main__ module workers do
+# not run again): all work with the stdlib, so they must work here.
+OTHER_GUARDS = {
+    "and": 'if __name__ == "__main__" and len(sys.argv) >= 1:\n    main()\n',
+    "match": 'match __name__:\n    case "__main__":\n        main()\n',
+    "reversed": 'if "__main__" == __name__:\n    main()\n',
+}
+MAIN = '''
+import multiprocessing, sys
+sys.path.insert(0, {tests!r})
+import pool, tasks
+
+def main():
+    with pool.ProcessPool(2, mp_context=multiprocessing.get_context({method!r})) as p:
+        print(sum(p.map(tasks.square, range(10))))
+
+'''
+
+
+@pytest.mark.parametrize("guard", list(OTHER_GUARDS))
+def test_other_forms_of_the_guard_work(guard, tmp_path):
+    proc = _run(tmp_path, MAIN + OTHER_GUARDS[guard].replace("{", "{{").replace("}", "}}"),
+                "spawn")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["285"]
+
+
+def test_a_package_run_with_dash_m_needs_no_guard_in_its_main_module(tmp_path):
+    package = tmp_path / "tool"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "__main__.py").write_text(MAIN.format(tests=str(TESTS_DIR), method="spawn")
+                                         + "main()\n")  # unguarded, as many are
+    proc = subprocess.run([sys.executable, "-m", "tool"], capture_output=True, text=True,
+                          timeout=60, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["285"]
+
+
 def _make_pool_in_daemon(queue):
     try:
         pool.ProcessPool(1)
