@@ -34,11 +34,12 @@ __all__ = [
 # The one place the version is written (setup.cfg reads it: ``attr: pool.__version__``).
 __version__ = "0.2.0"
 
-# The public names are documented, printed and pickled as ``pool.X``, not as the private
-# module that happens to define them (``pool._errors.WorkerDied``). Pickles by reference
-# resolve through this module, which exports every one of them.
+# The public exceptions print in tracebacks, and pickle, as ``pool.WorkerDied``, not as the
+# private module that defines them (``pool._errors.WorkerDied``); pickles by reference
+# resolve through this module, which exports every one of them. (Only exceptions: classes
+# with annotations of their own must keep their module, or typing.get_type_hints breaks.)
 for _name in __all__:
     _obj = globals()[_name]
-    if isinstance(_obj, type):
+    if isinstance(_obj, type) and issubclass(_obj, BaseException):
         _obj.__module__ = __name__
 del _name, _obj

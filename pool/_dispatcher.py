@@ -7,9 +7,9 @@
  Dispatcher.submit(record)        _run: while not done: _turn()                worker_main:
  Dispatcher.stop_task(id)          ready = wait([_wakeup.reader,                 FrameStream.next
  Dispatcher.terminate(signum)                 *reply fds, *sentinels],           run fn(*args)
-   Submit|StopTask|Terminate ─►               timeout=next deadline)             write_frame(RESULT
-   _commands, _wakeup.wake()       drain_wakeups   (Submit, Shutdown, StopTask,          | RAISED)
-                                                    Terminate)
+ Dispatcher.live_processes()                  timeout=next deadline)             write_frame(RESULT
+   Submit|StopTask|Terminate|Sync  drain_wakeups   (Submit, Shutdown, StopTask,          | RAISED)
+   ─► _commands, _wakeup.wake()                     Terminate, Sync → latch)
  future.result() ◄── _resolve ◄─   deliver_replies (WorkerHandle.read: FrameReader)
  done-callbacks ◄── CallbackRunner handle_exits    (WorkerHandle.finish → WorkerDied,
  (own threads)                                      TaskTimeout, WorkerTerminated)
@@ -41,8 +41,8 @@ Guarantees:
   and its slot refilled, never assumed gone;
 - the loop ends only when every task is resolved, every worker reaped (or reported) and
   every lingering process group gone (or reported).
-Assumes: callers enqueue commands only through ``submit``, ``shutdown``, ``stop_task`` and
-``terminate``; the thread is
+Assumes: callers enqueue commands only through ``submit``, ``shutdown``, ``stop_task``,
+``terminate`` and ``live_processes``; the thread is
 the only reader and writer of every attribute not marked as shared.
 """
 
@@ -177,6 +177,8 @@ class Dispatcher:
         this call (caller thread): as with the stdlib, which starts workers inside
         ``submit()``, the workers started for those tasks are listed. Waits at most
         ``timeout`` for the loop (on a latch: contract 9)."""
+        if os.getpid() != self._owner_pid:
+            return {}  # a forked copy of the parent: none of these workers are its own
         latch = Latch()
         with self._lock:
             waits = (self._thread is not None and not self._released
@@ -186,7 +188,9 @@ class Dispatcher:
         if waits:
             assert self._wakeup is not None
             self._wakeup.wake()
-            latch.wait(timeout)
+            if not latch.wait(timeout):
+                logger.warning("%s: the loop did not answer in %g s; the workers listed may "
+                               "be out of date", self.name, timeout)
         return self.processes
 
     def stop_task(self, task_id: int) -> None:

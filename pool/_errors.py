@@ -306,8 +306,43 @@ class ArgumentPicklingError(pickle.PicklingError):
     that has already failed with it, as the stdlib's future fails (so a loop of submits is
     not cut short); nothing is sent to a worker. Names the argument (or the function) that
     failed, and chains the pickler's own error as ``__cause__``. A ``pickle.PicklingError``,
-    so ``except PicklingError`` written for the stdlib catches it.
+    and also an instance of the pickler's own error's type where it can be (a
+    ``TypeError`` for a lock, as the stdlib raises), so ``except PicklingError`` and
+    ``except TypeError`` written for the stdlib both catch it. The constructor raises it
+    for an initializer that cannot be sent to workers.
     """
+
+
+_ARGUMENT_ERROR_TYPES: dict[type[BaseException], type[ArgumentPicklingError]] = {}
+
+
+def argument_pickling_error(message: str, cause: BaseException) -> ArgumentPicklingError:
+    """An ``ArgumentPicklingError`` that is also an instance of the pickler's own error
+    (``TypeError: cannot pickle '_thread.lock' object`` is what the stdlib's future raises),
+    so that both ``except TypeError`` and ``except PicklingError`` still match. Where the two
+    cannot be combined (an exception type with its own layout), a plain one."""
+    base = type(cause)
+    if issubclass(base, ArgumentPicklingError) or not issubclass(base, Exception):
+        return ArgumentPicklingError(message)
+    combined = _ARGUMENT_ERROR_TYPES.get(base)
+    if combined is None:
+        try:
+            combined = type("ArgumentPicklingError", (ArgumentPicklingError, base), {
+                "__module__": ArgumentPicklingError.__module__,
+                "__qualname__": "ArgumentPicklingError",
+                "__doc__": ArgumentPicklingError.__doc__,
+                "__init__": Exception.__init__,
+                "__str__": Exception.__str__,
+                # Pickles (and so travels) as the plain public class.
+                "__reduce__": lambda self: (ArgumentPicklingError, self.args),
+            })
+        except TypeError:  # "multiple bases have instance lay-out conflict"
+            combined = ArgumentPicklingError
+        _ARGUMENT_ERROR_TYPES[base] = combined
+    try:
+        return combined(message)
+    except Exception:
+        return ArgumentPicklingError(message)
 
 
 class ArgumentUnpicklingError(BrokenProcessPool):

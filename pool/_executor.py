@@ -1,7 +1,8 @@
 """The public executor: ``ProcessPool``, a drop-in for ``ProcessPoolExecutor``.
 
 Owns: argument checking, pickling of calls (in the caller's thread, so a call that cannot
-be pickled raises right there), ``map``'s ordering and chunking, and the pool's lifetime.
+be pickled fails its future at once, sending nothing), ``map``'s ordering and chunking, and
+the pool's lifetime.
 Runs in: the callers' threads; all process work is done by the ``Dispatcher`` it owns.
 Guarantees: the stdlib's semantics for ``submit``, ``map``, ``shutdown`` and the context
 manager, except where README.rst lists a deliberate difference.
@@ -26,10 +27,11 @@ from typing import Any, Callable, Iterable, Iterator, ParamSpec, TypeVar
 from . import _wire
 from ._dispatcher import Dispatcher
 from ._errors import ArgumentPicklingError
+from ._outcomes import fresh
 from ._main_guard import check_main_is_guarded, check_not_daemonic
 from ._futures import PoolFuture
 from ._records import Timeouts
-from ._worker import Initializer, check_inheritable
+from ._worker import Initializer, prepare_initargs
 
 
 T = TypeVar("T")
@@ -94,8 +96,9 @@ class ProcessPool(Executor):
 
     A worker that dies fails only the task it was running, with :class:`pool.WorkerDied`
     naming the pid, exit code or signal, the task and the crash site; it is replaced and
-    the pool carries on. A ``KeyboardInterrupt`` that leaves a ``with`` block cancels the
-    queued tasks and terminates the running ones instead of waiting for them. Functions, arguments and results are pickled with ``pickle``, or
+    the pool carries on. A ``KeyboardInterrupt`` (or asyncio's ``CancelledError``) that
+    leaves a ``with`` block cancels the queued tasks and terminates the running ones instead
+    of waiting for them. Functions, arguments and results are pickled with ``pickle``, or
     ``cloudpickle`` for what ``pickle`` cannot do by reference (lambdas, closures,
     functions of ``__main__``).
     """
@@ -135,9 +138,8 @@ class ProcessPool(Executor):
         if initializer is not None:
             # Checked here, so that a bad initializer or initargs fail in the constructor,
             # not in every worker; see Initializer for how they travel.
-            initargs = tuple(initargs)
-            check_inheritable(initargs, mp_context)
-            initializer_setup = Initializer(_wire.dumps_callable(initializer), initargs)
+            initializer_setup = Initializer(_wire.dumps_callable(initializer),
+                                           prepare_initargs(tuple(initargs), mp_context))
         self._max_workers = max_workers
         self._mp_context = mp_context
         self._dispatcher = Dispatcher(max_workers=max_workers, mp_context=mp_context,
@@ -227,7 +229,7 @@ class ProcessPool(Executor):
         def submit_batch(args: tuple[Any, ...]) -> Future[Any]:
             # Each batch fails on its own, as with the stdlib: the others still run.
             if fn_error is not None:
-                return _failed(fn_error)
+                return _failed(fresh(fn_error))  # one instance per future, as the stdlib
             try:
                 body = _wire.encode_call(fn_blob, _wire.dumps_arguments(fn, args, {}))
             except ArgumentPicklingError as exc:
@@ -287,7 +289,9 @@ class ProcessPool(Executor):
         else:
             state = "running"
         queued, sent = dispatcher.census
-        return (f"<{type(self).__module__}.{type(self).__qualname__} {state}: "
+        cls = type(self)
+        name = "pool.ProcessPool" if cls is ProcessPool else f"{cls.__module__}.{cls.__qualname__}"
+        return (f"<{name} {state}: "
                 f"{len(dispatcher.processes)} of {self._max_workers} workers "
                 f"({self._mp_context.get_start_method()}), {queued} queued, "
                 f"{sent} sent to workers>")
@@ -369,7 +373,6 @@ def _items_of_chunks(chunks: Iterator[list[Any]]) -> Iterator[Any]:
         chunk.reverse()
         while chunk:
             yield chunk.pop()
-        del chunk
 
 
 def _ordered_results(futures: collections.deque[Future[Any]], more: Iterator[tuple[Any, ...]],

@@ -39,6 +39,7 @@ except (ImportError, AttributeError):
     _SETPIPE = None
 
 from ._errors import (ArgumentPicklingError, RemoteTaskError, ResultTransferError,
+                      argument_pickling_error,
                       callable_name)
 
 PROTOCOL = 5
@@ -427,9 +428,9 @@ def dumps_callable(fn: Callable[..., Any]) -> bytes:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a reducer's SystemExit too: it fails this call only
-        raise ArgumentPicklingError(
-            f"cannot pickle the function {callable_name(fn)}: {type(exc).__name__}: {exc}"
-        ) from exc
+        raise argument_pickling_error(
+            f"cannot pickle the function {callable_name(fn)}: {type(exc).__name__}: {exc}",
+            exc) from exc
 
 
 def _main_importable_by_workers() -> bool:
@@ -544,11 +545,13 @@ def dumps_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
-        raise _name_unpicklable_argument(fn, args, kwargs) from exc
+        error = _name_unpicklable_argument(fn, args, kwargs, exc)
+        raise error from exc
 
 
 def _name_unpicklable_argument(fn: Callable[..., Any], args: tuple[Any, ...],
-                               kwargs: dict[str, Any]) -> ArgumentPicklingError:
+                               kwargs: dict[str, Any], error: BaseException
+                               ) -> ArgumentPicklingError:
     named = [(f"argument {i}", a) for i, a in enumerate(args)]
     named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
     for label, value in named:
@@ -557,10 +560,12 @@ def _name_unpicklable_argument(fn: Callable[..., Any], args: tuple[Any, ...],
         except KeyboardInterrupt:
             raise
         except BaseException as exc:
-            return ArgumentPicklingError(
+            return argument_pickling_error(
                 f"cannot pickle {label} of {callable_name(fn)}() "
-                f"(a {type(value).__qualname__}): {type(exc).__name__}: {exc}")
-    return ArgumentPicklingError(f"cannot pickle the arguments of {callable_name(fn)}()")
+                f"(a {type(value).__qualname__}): {type(exc).__name__}: {exc}", exc)
+    return argument_pickling_error(
+        f"cannot pickle the arguments of {callable_name(fn)}(): {type(error).__name__}: "
+        f"{error}", error)
 
 
 def encode_call(fn_blob: bytes, args: Buffers) -> Buffers:

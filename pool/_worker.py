@@ -36,11 +36,12 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
+import cloudpickle
 from multiprocessing import context as _context
 from multiprocessing import reduction
 
 from . import _exit, _wire
-from ._errors import ArgumentUnpicklingError
+from ._errors import ArgumentUnpicklingError, argument_pickling_error
 from ._wire import Kind
 
 # The reply pipe of this worker and the id of the task it runs, for tests that must write
@@ -80,39 +81,91 @@ class Initializer:
     The arguments travel inside the Process object, as the stdlib sends them: under fork
     they are inherited as they are, and under spawn and forkserver multiprocessing pickles
     them while it starts the process, the one moment at which its locks, queues, events,
-    shared values and pipes may be pickled ("shared through inheritance"). The function
-    alone is pickled in advance, so that one the workers cannot import (a lambda, a
-    ``__main__`` function under spawn) travels by value.
+    shared values and pipes may be pickled ("shared through inheritance"). Arguments that
+    pickle the same at any time (plain data) are pickled once, here, so that no worker
+    start pickles them again (or runs their reducers on the pool's thread); arguments
+    that only cloudpickle can send (a lambda, a ``__main__`` object under spawn) travel by
+    value. The function is pickled in advance, by value where workers cannot import it.
     """
 
     __slots__ = ("function", "args")
 
     def __init__(self, function: bytes, args: tuple[Any, ...]) -> None:
         self.function = function  # _wire.dumps_callable(initializer)
-        self.args = args
+        self.args = args          # see prepare_initargs
+
+    def call(self) -> None:
+        """Run it (in the worker)."""
+        args = [arg.load() if isinstance(arg, _ByValue) else arg for arg in self.args]
+        pickle.loads(self.function)(*args)
 
 
-def check_inheritable(args: tuple[Any, ...], ctx: Any) -> None:
-    """Raise ``pickle.PicklingError`` now, in the constructor, if ``args`` could not be
-    sent to a worker that ``ctx`` starts: what multiprocessing will do at every start,
-    tried once with a stand-in for the process being started (so objects that may only be
-    pickled while a process starts are accepted, and nothing is passed to anyone)."""
+class _ByValue:
+    """An initarg pickled once, in the constructor."""
+
+    __slots__ = ("blob",)
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+
+    def load(self) -> Any:
+        return pickle.loads(self.blob)
+
+
+def prepare_initargs(args: tuple[Any, ...], ctx: Any) -> tuple[Any, ...]:
+    """``initargs`` as they will travel (see ``Initializer``); raises
+    ``ArgumentPicklingError`` now, in the constructor, for one that could not be sent to a
+    worker that ``ctx`` starts."""
     if ctx.get_start_method() == "fork":
-        return  # inherited as they are: nothing is pickled
+        return args  # inherited as they are: nothing is pickled
+    prepared = []
+    for index, arg in enumerate(args):
+        try:
+            at_start: bytes | None = _pickled_at_start(arg)
+        except Exception as exc:
+            at_start, why = None, exc
+        try:
+            now: bytes | None = pickle.dumps(arg, pickle.DEFAULT_PROTOCOL)
+        except Exception:
+            now = None
+        if now is not None and now == at_start:
+            prepared.append(_ByValue(now))  # plain data: the same bytes whenever pickled
+        elif at_start is not None:
+            prepared.append(arg)  # shared through inheritance: pickled at each start
+        else:
+            try:
+                prepared.append(_ByValue(cloudpickle.dumps(arg, pickle.DEFAULT_PROTOCOL)))
+            except Exception:
+                raise _initarg_error(index, arg, why, ctx) from why
+    return tuple(prepared)
+
+
+def _pickled_at_start(arg: Any) -> bytes:
+    """What multiprocessing will make of ``arg`` when it starts a process, tried with a
+    stand-in for that process (descriptors are 'passed' by number; the pickle is thrown
+    away), so objects that may only be pickled while a process starts are accepted."""
     spawning = _context.get_spawning_popen()
     _context.set_spawning_popen(_TrialStart())  # type: ignore[arg-type]  # duck-typed
     try:
-        reduction.ForkingPickler.dumps(args)
-    except Exception as exc:
-        raise pickle.PicklingError(
-            f"initargs cannot be sent to workers started by {ctx.get_start_method()!r}: "
-            f"{type(exc).__name__}: {exc}") from exc
+        return bytes(reduction.ForkingPickler.dumps(arg))
     finally:
         _context.set_spawning_popen(spawning)
 
 
+def _initarg_error(index: int, arg: Any, why: BaseException, ctx: Any) -> BaseException:
+    method = ctx.get_start_method()
+    message = (f"initargs[{index}] (a {type(arg).__qualname__}) cannot be sent to workers "
+               f"started by {method!r}: {type(why).__name__}: {why}")
+    if "fork context" in str(why):
+        message += (f". Create it from the pool's context: multiprocessing.get_context("
+                    f"{method!r}).Lock() (and so on; on Python 3.13 and earlier the default "
+                    f"context is 'fork'), or pass mp_context=multiprocessing.get_context("
+                    f"\"fork\") to the pool")
+    return argument_pickling_error(message, why)
+
+
 class _TrialStart:
-    """Stands for the process being started in ``check_inheritable``: descriptors are
+    """Stands for the process being started in ``_pickled_at_start``: descriptors are
     'passed' by number only, and the trial's pickle is thrown away."""
 
     def duplicate_for_child(self, fd: int) -> int:
@@ -202,7 +255,7 @@ def _watch_parent(lifeline_fd: int) -> None:
 
 def _run_initializer(initializer: Initializer, reply_fd: int) -> bool:
     try:
-        pickle.loads(initializer.function)(*initializer.args)
+        initializer.call()
     except BaseException as exc:
         _drop_own_frame(exc)
         # Where the stdlib's worker logs it, so that handlers an initializer (or the user)

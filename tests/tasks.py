@@ -209,6 +209,11 @@ def read_init_value(_=None):
     return _INIT_VALUE
 
 
+def apply_init_value(x):
+    """Call what the initializer stored (a function that travelled by value)."""
+    return _INIT_VALUE(x)
+
+
 def random_fate(seed):
     """Deterministic per seed: mostly work, sometimes a death of one kind or another."""
     import random

@@ -251,8 +251,12 @@ def test_unpicklable_argument_fails_its_future_not_submit():
         for future, text in zip(futures[1:4], ["argument 1 .*lock", "keyword argument 'c'",
                                                "the function"]):
             error = future.exception(timeout=0)
-            assert type(error) is pool.ArgumentPicklingError, error
-            assert isinstance(error, __import__("pickle").PicklingError)  # as the stdlib's
+            assert isinstance(error, pool.ArgumentPicklingError), error
+            assert isinstance(error, __import__("pickle").PicklingError)
+            assert isinstance(error, TypeError)  # what the stdlib's future raises for a lock
+            assert type(error).__name__ == "ArgumentPicklingError"
+            copy = __import__("pickle").loads(__import__("pickle").dumps(error))
+            assert type(copy) is pool.ArgumentPicklingError and str(copy) == str(error)
             assert re.search(text, str(error)) and error.__cause__ is not None
         results = p.map(tasks.identity, [1, threading.Lock(), 3])
         assert next(results) == 1
@@ -271,7 +275,7 @@ def test_a_reducer_raising_systemexit_fails_the_future_and_keyboardinterrupt_pro
 
     with pool.ProcessPool(1) as p:
         error = p.submit(tasks.identity, Raises(SystemExit(3))).exception(timeout=0)
-        assert type(error) is pool.ArgumentPicklingError
+        assert type(error) is pool.ArgumentPicklingError  # (not also a SystemExit)
         with pytest.raises(KeyboardInterrupt):
             p.submit(tasks.identity, Raises(KeyboardInterrupt()))
         assert p.submit(tasks.square, 3).result(timeout=30) == 9

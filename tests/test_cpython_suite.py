@@ -309,6 +309,10 @@ def _warnings(logs: list[Path]) -> collections.Counter[str]:
 @pytest.mark.timeout(BUDGET + 120)
 def test_cpython_suite(start_method: str, tmp_path: Path,
                        capsys: pytest.CaptureFixture[str]) -> None:
+    if sys.version_info < (3, 13):
+        # The differences are established against 3.13's and 3.14's suites, which are the
+        # ones our machines carry (pyenv's 3.11 and 3.12 builds ship none).
+        pytest.skip("CPython's suite is run on 3.13 and 3.14")
     try:
         spec = importlib.util.find_spec(PACKAGE)
     except ImportError:  # no ``test`` package at all

@@ -80,10 +80,28 @@ def test_initargs_that_cannot_travel_fail_in_the_constructor(ctx):
                               initargs=(threading.Lock(),)) as p:
             assert p.submit(tasks.square, 3).result(timeout=30) == 9
         return
-    with pytest.raises(pickle.PicklingError, match="initargs cannot be sent to workers "
-                       f"started by '{ctx.get_start_method()}'.*lock"):
+    with pytest.raises(pickle.PicklingError, match=r"initargs\[0\] \(a lock\) cannot be sent "
+                       f"to workers started by '{ctx.get_start_method()}'.*lock") as info:
         pool.ProcessPool(1, mp_context=ctx, initializer=tasks.init_sets,
                          initargs=(threading.Lock(),))
+    assert isinstance(info.value, pool.ArgumentPicklingError)
+    assert isinstance(info.value, TypeError)  # what pickling a lock raises
+
+
+def test_a_lock_from_another_context_fails_saying_which_context_to_use(ctx):
+    if ctx.get_start_method() == "fork":
+        return
+    lock = multiprocessing.get_context("fork").Lock()  # the default context before 3.14
+    with pytest.raises(pool.ArgumentPicklingError, match="fork context.*Create it from the "
+                       f"pool's context: multiprocessing.get_context\\('{ctx.get_start_method()}'"):
+        pool.ProcessPool(1, mp_context=ctx, initializer=tasks.init_sets, initargs=(lock,))
+
+
+def test_initargs_only_cloudpickle_can_send_travel_by_value(ctx):
+    offset = 40
+    with pool.ProcessPool(1, mp_context=ctx, initializer=tasks.init_sets,
+                          initargs=(lambda x: x + offset,)) as p:
+        assert p.submit(tasks.apply_init_value, 2).result(timeout=30) == 42
 
 
 def test_a_failing_initializer_is_logged_in_the_worker_and_breaks_the_pool(ctx):
