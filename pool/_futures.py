@@ -157,8 +157,14 @@ class PoolFuture(Future[T]):
         return True
 
     def result(self, timeout: float | None = None) -> T:
-        self._wait_done(timeout)
-        return super().result(0)  # done (its lock is no longer needed), or TimeoutError
+        try:
+            self._wait_done(timeout)
+            return super().result(0)  # done (its lock is no longer needed), or TimeoutError
+        finally:
+            # The exception raised here keeps this frame in its traceback, and the future
+            # keeps the exception: drop the frame's reference, as the stdlib's result() does,
+            # so that the future (and the pool it names) is freed without the GC.
+            del self
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         self._wait_done(timeout)

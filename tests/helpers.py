@@ -18,8 +18,9 @@ REPO_DIR = TESTS_DIR.parent
 START_METHODS = ("fork", "forkserver", "spawn")
 
 
-def _live_processes() -> list[tuple[int, int, int]]:
-    """(pid, parent pid, process group) of every live (non-zombie) process, from /proc."""
+def _live_processes() -> list[tuple[int, int, int, int]]:
+    """(pid, parent pid, process group, session) of every live (non-zombie) process, from
+    /proc."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -31,13 +32,13 @@ def _live_processes() -> list[tuple[int, int, int]]:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
         if fields[0] != "Z":
-            found.append((int(entry), int(fields[1]), int(fields[2])))
+            found.append((int(entry), int(fields[1]), int(fields[2]), int(fields[3])))
     return found
 
 
 def children_of(pid: int) -> set[int]:
     """Live (non-zombie) direct children of ``pid``."""
-    return {child for child, parent, _ in _live_processes() if parent == pid}
+    return {child for child, parent, _, _ in _live_processes() if parent == pid}
 
 
 def process_exists(pid: int) -> bool:
@@ -195,4 +196,10 @@ class Scenario:
 
 def group_members(pgid: int) -> set[int]:
     """Live (non-zombie) processes of process group ``pgid``."""
-    return {pid for pid, _, group in _live_processes() if group == pgid}
+    return {pid for pid, _, group, _ in _live_processes() if group == pgid}
+
+
+def session_members(sid: int) -> list[int]:
+    """Live (non-zombie) processes of session ``sid`` (pool workers lead process groups of
+    their own, but stay in the session that started them)."""
+    return [pid for pid, _, _, session in _live_processes() if session == sid]

@@ -434,3 +434,7 @@ def init_fails_logging_to(log_queue):
     logger.addHandler(QueueHandler(log_queue))
     logger.propagate = False
     raise ValueError("error in initializer")
+
+
+def init_fails_with(_):
+    raise RuntimeError("initializer says no")

@@ -36,7 +36,7 @@ import pytest
 
 import cpython_differences
 from cpython_suite import generic_key
-from helpers import TESTS_DIR
+from helpers import TESTS_DIR, session_members
 
 RUNNER = TESTS_DIR / "cpython_suite.py"
 PACKAGE = "test.test_concurrent_futures"
@@ -56,24 +56,6 @@ PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 NOT_PASSING = ("failed", "error", "hang", "crash", "not run")
 
 
-def _session_members(sid: int) -> list[int]:
-    """Live (non-zombie) processes of session ``sid``: the runner and everything it started
-    (pool workers lead process groups of their own, but stay in the session)."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[0] != "Z" and int(fields[3]) == sid:
-            members.append(int(entry))
-    return members
-
-
 def _describe(pid: int) -> str:
     """The pid and command line, and whether it leads a process group (pool workers do;
     one that outlives the runner by seconds has missed its lifeline)."""
@@ -91,11 +73,11 @@ def _end_session(sid: int, grace: float) -> list[str]:
     tracker ends on its own once the runner is gone), then SIGKILLs what is left until
     nothing is. Returns the processes that had to be killed (pid and command line)."""
     deadline = time.monotonic() + grace
-    while _session_members(sid) and time.monotonic() < deadline:
+    while session_members(sid) and time.monotonic() < deadline:
         time.sleep(0.05)
     killed: dict[int, str] = {}
     for _ in range(200):
-        members = _session_members(sid)
+        members = session_members(sid)
         if not members:
             break
         for pid in members:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import gc
 import pickle
+import sys
 import threading
+import weakref
 from multiprocessing import shared_memory
 
 import multiprocessing
@@ -123,3 +125,24 @@ def test_a_failing_initializer_is_logged_in_the_worker_and_breaks_the_pool(ctx):
         log_queue.close()
         del log_queue, p  # its write end closes when it is freed (the pool keeps initargs)
         gc.collect()
+
+
+@pytest.mark.skipif(sys.version_info[:2] == (3, 12), reason="on 3.12 a decoded exception's "
+                    "frames still lead to the dispatcher's loop (see _wire._loads_detached)")
+def test_a_pool_whose_initializer_failed_is_freed_without_the_gc():
+    # The initializer's exception, rebuilt by tblib, must not lead back to the dispatcher
+    # that keeps it: that cycle kept initargs (CPython's test: a Queue's semaphores) alive
+    # until a garbage collection.
+    argument = tasks.Weakrefable()
+    ref = weakref.ref(argument)
+    gc.disable()
+    try:
+        p = pool.ProcessPool(1, mp_context=multiprocessing.get_context("fork"),
+                             initializer=tasks.init_fails_with, initargs=(argument,))
+        with pytest.raises(pool.InitializerError):
+            p.submit(tasks.square, 1).result(timeout=60)
+        p.shutdown()
+        del p, argument
+        assert ref() is None
+    finally:
+        gc.enable()
