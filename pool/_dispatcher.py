@@ -134,7 +134,8 @@ class Dispatcher:
         self.broken_error: BaseException | None = None
         # Published by the loop for callers to read (replaced whole, never mutated): the
         # live workers' Process objects by pid (``executor._processes``), and
-        # ``StateMachine.census()`` as of the end of the last turn (for ``repr``).
+        # ``StateMachine.census()`` when a caller last asked (``snapshot``, for ``repr``;
+        # not every turn: nothing else reads it).
         self.processes: dict[int, Any] = {}
         self.census = (0, 0)
         self._thread: threading.Thread | None = None
@@ -177,8 +178,13 @@ class Dispatcher:
         this call (caller thread): as with the stdlib, which starts workers inside
         ``submit()``, the workers started for those tasks are listed. Waits at most
         ``timeout`` for the loop (on a latch: contract 9)."""
+        return self.snapshot(timeout)[0]
+
+    def snapshot(self, timeout: float = 5.0) -> tuple[dict[int, Any], tuple[int, int]]:
+        """``(processes, census)`` once the loop has acted on everything queued before this
+        call (caller thread; see ``live_processes``)."""
         if os.getpid() != self._owner_pid:
-            return {}  # a forked copy of the parent: none of these workers are its own
+            return {}, (0, 0)  # a forked copy of the parent: none of these are its own
         latch = Latch()
         with self._lock:
             waits = (self._thread is not None and not self._released
@@ -191,7 +197,7 @@ class Dispatcher:
             if not latch.wait(timeout):
                 logger.warning("%s: the loop did not answer in %g s; the workers listed may "
                                "be out of date", self.name, timeout)
-        return self.processes
+        return self.processes, self.census
 
     def stop_task(self, task_id: int) -> None:
         """Ask for a task to be stopped (caller thread; ``PoolFuture.stop``)."""
@@ -326,7 +332,6 @@ class Dispatcher:
         self.handle_exits(ready)
         self.fire_deadlines()
         self.flush_sends()
-        self.census = self._machine.census()
         if self._decoded_errors:  # now that the frames that decoded them have returned
             for error in self._decoded_errors:
                 _wire.release_frames(error)
@@ -360,6 +365,7 @@ class Dispatcher:
                 self._perform(self._machine.schedule())
                 unscheduled = False
             if isinstance(command, Sync):
+                self._publish_census()
                 command.done.set()
             elif isinstance(command, Shutdown):
                 self._perform(self._machine.shutdown(cancel_futures=command.cancel_futures))
@@ -607,6 +613,9 @@ class Dispatcher:
         self._publish_processes()
         return []
 
+    def _publish_census(self) -> None:
+        self.census = self._machine.census()
+
     def _publish_processes(self) -> None:
         self.processes = {w.pid: w.process for w in self._workers.values()
                           if w.process is not None}
@@ -643,6 +652,7 @@ class Dispatcher:
                 self._abandoned.append(worker)
             del self._workers[slot]
         self._publish_processes()
+        self._publish_census()
         for worker in self._abandoned:  # one last try; a process stuck for good stays named
             if not worker.reap_abandoned(timeout=0.1):
                 logger.error("%s: worker pid %d was never confirmed gone", self.name, worker.pid)

@@ -288,11 +288,11 @@ class ProcessPool(Executor):
             state = "shutting down"
         else:
             state = "running"
-        queued, sent = dispatcher.census
+        processes, (queued, sent) = dispatcher.snapshot()
         cls = type(self)
         name = "pool.ProcessPool" if cls is ProcessPool else f"{cls.__module__}.{cls.__qualname__}"
         return (f"<{name} {state}: "
-                f"{len(dispatcher.processes)} of {self._max_workers} workers "
+                f"{len(processes)} of {self._max_workers} workers "
                 f"({self._mp_context.get_start_method()}), {queued} queued, "
                 f"{sent} sent to workers>")
 
