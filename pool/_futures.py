@@ -21,6 +21,7 @@ notifies ``_waiters`` and runs callbacks through ``_invoke_callbacks()`` (true f
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -36,6 +37,9 @@ _dispatcher_local = threading.local()
 
 # Callback threads a pool may have at once; beyond this, callbacks wait for a free one.
 MAX_CALLBACK_THREADS = 16
+# Only a callback running this long counts as blocked in the warning: under a burst of
+# results every thread is busy for a moment, which is load, not a callback that hangs.
+BLOCKED_CALLBACK_SECONDS = 1.0
 
 # A thread blocked on a lock without a timeout can miss a Ctrl-C for good: if SIGINT lands
 # after the interpreter's last check for pending signals and before the thread sleeps, the
@@ -245,6 +249,7 @@ class CallbackRunner:
         self._idle = 0      # threads waiting for a future
         self._backlog = 0   # futures queued and not yet taken by a thread
         self._warned = False
+        self._running_since: dict[int, float] = {}   # thread ident -> its callback's start
 
     def put(self, future: Future[Any]) -> None:
         with self._lock:
@@ -253,7 +258,8 @@ class CallbackRunner:
             if self._backlog <= self._idle:
                 return
             if len(self._threads) >= MAX_CALLBACK_THREADS:
-                if not self._warned:
+                oldest = min(self._running_since.values(), default=math.inf)
+                if not self._warned and time.monotonic() - oldest >= BLOCKED_CALLBACK_SECONDS:
                     self._warned = True
                     logger.warning("%s: %d done-callbacks are blocked; later callbacks wait "
                                    "for one of them to return", self._name, len(self._threads))
@@ -273,9 +279,11 @@ class CallbackRunner:
                 if future is None:
                     return
                 self._backlog -= 1
+                self._running_since[threading.get_ident()] = time.monotonic()
             _run_callbacks(future)
             del future
             with self._lock:
+                del self._running_since[threading.get_ident()]
                 self._idle += 1
 
     def close(self) -> None:

@@ -1,0 +1,135 @@
+"""What ``python -m pool map`` writes: one standard-output line per input, and on standard
+error what the function printed, the failures, and the progress line.
+
+Runs in: the command's main thread (the only writer of both streams).
+Guarantees: every line on standard output is exactly one input's (the line breaks inside a
+result are written as ``\\n`` / ``\\r``); in the plain form a failed input's line starts
+with ``!`` and a result's never does (a result that starts with ``!`` gets a backslash
+before it), so ``grep -v '^!'`` keeps exactly the results. ``--json`` is lossless.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from typing import IO, Any, Callable, NamedTuple
+
+from ._cli_joblog import escape
+
+
+class Failure(NamedTuple):
+    """Why an input failed, in the terms the output and the job log use."""
+    kind: str           # "error", "died", "timeout" or "invalid" (the job log's Outcome)
+    error_type: str     # "ValueError", "WorkerDied", ...
+    summary: str        # one line: "ValueError: invalid literal ..."
+    detail: str         # what stderr shows below the summary (traceback, crash report)
+    exitcode: str = "-"
+    signal: str = "-"
+    pid: str = "-"
+
+
+def one_line(text: str) -> str:
+    return text.replace("\n", "\\n").replace("\r", "\\r")
+
+
+def plain_result(text: str) -> str:
+    text = one_line(text)
+    return "\\" + text if text.startswith("!") else text
+
+
+def plain_failure(failure: Failure) -> str:
+    return "!" + one_line(failure.summary)
+
+
+def tagged(input_text: str, line: str) -> str:
+    return f"{escape(input_text)}\t{line}"
+
+
+def json_result(seq: int, input_value: Any, value_json: str) -> str:
+    return (f'{{"seq": {seq}, "input": {_json(input_value)}, "ok": true, '
+            f'"value": {value_json}}}')
+
+
+def json_failure(seq: int, input_value: Any, failure: Failure) -> str:
+    error: dict[str, Any] = {"type": failure.error_type, "message": failure.summary,
+                             "kind": failure.kind}
+    if failure.exitcode != "-":
+        error["exitcode"] = int(failure.exitcode)
+    if failure.signal != "-":
+        error["signal"] = failure.signal
+    if failure.pid != "-":
+        error["pid"] = int(failure.pid)
+    return f'{{"seq": {seq}, "input": {_json(input_value)}, "ok": false, "error": {_json(error)}}}'
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, default=repr, ensure_ascii=False)
+
+
+class Progress:
+    """The ``--progress`` line on standard error: a bar redrawn in place on a terminal, a
+    plain line every ``interval`` seconds otherwise, and a summary at the end."""
+
+    def __init__(self, stream: IO[str], *, tty: bool, interval: float,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._stream, self._tty, self._clock = stream, tty, clock
+        self._interval = 0.1 if tty else interval
+        self._started = clock()
+        self._last = self._started
+        self._drawn = False
+
+    def elapsed(self) -> float:
+        return self._clock() - self._started
+
+    def tick(self, ok: int, failed: int, running: int, total: int | None) -> None:
+        now = self._clock()
+        if now - self._last < self._interval:
+            return
+        self._last = now
+        line = self.describe(ok, failed, running, total, now - self._started)
+        if self._tty:
+            self._stream.write("\r\x1b[K" + line)
+            self._drawn = True
+        else:
+            self._stream.write(line + "\n")
+        self._stream.flush()
+
+    def clear(self) -> None:
+        """Before other text goes to the terminal: erase the bar (the next tick redraws)."""
+        if self._drawn:
+            self._stream.write("\r\x1b[K")
+            self._drawn = False
+            self._last = -math.inf
+
+    @staticmethod
+    def describe(ok: int, failed: int, running: int, total: int | None,
+                 elapsed: float) -> str:
+        done = ok + failed
+        rate = done / elapsed if elapsed > 0 else 0.0
+        of = f"/{total}" if total is not None else ""
+        parts = [f"{done}{of} done", f"{failed} failed", f"{running} running",
+                 f"{rate:.1f}/s"]
+        if total is not None and rate > 0:
+            parts.append(f"ETA {_clock_time((total - done) / rate)}")
+        else:
+            parts.append("ETA ?")
+        text = ", ".join(parts)
+        if total:
+            width = 20
+            filled = min(width, width * done // total)
+            text = f"[{'#' * filled}{'.' * (width - filled)}] {text}"
+        return text
+
+
+def summary_line(ok: int, failed: int, elapsed: float, not_run: int = 0) -> str:
+    text = f"{ok} ok, {failed} failed"
+    if not_run:
+        text += f", {not_run} not run"
+    return f"{text}, {elapsed:.1f} s"
+
+
+def _clock_time(seconds: float) -> str:
+    seconds = int(seconds + 0.5)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
