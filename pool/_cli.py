@@ -184,7 +184,8 @@ examples:
                      help="an importable module's function (os.path:getsize), or a "
                           "script's (./script.py:func)")
     run.add_argument("inputs", nargs="*", metavar="INPUT",
-                     help="inputs, each passed as a string (default: lines of standard input)")
+                     help="inputs, each passed as a string (default: lines of standard "
+                          "input); put -- before them if one starts with -")
     source = run.add_argument_group("input")
     source.add_argument("-a", "--arg-file", metavar="FILE",
                         help="read the inputs from FILE instead of standard input")
@@ -285,8 +286,9 @@ def _map(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         total = count(fd, args.null, args.jsonl)
     resumed = None
     try:
-        if args.resume or args.resume_failed:
+        if (args.resume or args.resume_failed) and os.path.exists(args.joblog):
             resumed = read_joblog(args.joblog)
+        # (Resuming from a log not written yet runs everything: a retry loop's first turn.)
         joblog = None
         if args.joblog:
             joblog = Joblog(open(args.joblog, "a" if resumed is not None else "w",

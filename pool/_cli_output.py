@@ -10,12 +10,12 @@ before it), so ``grep -v '^!'`` keeps exactly the results. ``--json`` is lossles
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from typing import IO, Any, Callable, NamedTuple
 
 from ._cli_joblog import escape
+from ._cli_task import to_json
 
 
 class Failure(NamedTuple):
@@ -47,7 +47,7 @@ def tagged(input_text: str, line: str) -> str:
 
 
 def json_result(seq: int, input_value: Any, value_json: str) -> str:
-    return (f'{{"seq": {seq}, "input": {_json(input_value)}, "ok": true, '
+    return (f'{{"seq": {seq}, "input": {to_json(input_value)}, "ok": true, '
             f'"value": {value_json}}}')
 
 
@@ -60,11 +60,10 @@ def json_failure(seq: int, input_value: Any, failure: Failure) -> str:
         error["signal"] = failure.signal
     if failure.pid != "-":
         error["pid"] = int(failure.pid)
-    return f'{{"seq": {seq}, "input": {_json(input_value)}, "ok": false, "error": {_json(error)}}}'
+    return (f'{{"seq": {seq}, "input": {to_json(input_value)}, "ok": false, '
+            f'"error": {to_json(error)}}}')
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, default=repr, ensure_ascii=False)
 
 
 class Progress:

@@ -41,6 +41,12 @@ from ._executor import ProcessPool
 
 RETRY_KINDS = ("died", "timeout", "error")
 
+# How long the run waits for the next event before it writes out the lines it holds.
+_BATCH_SECONDS = 0.005
+# How often, at most, while events keep coming: flush, progress, check the output pipe.
+# (Also the longest wait for an event: a Ctrl-C between two is seen within it.)
+_CHORES_SECONDS = 0.1
+
 
 # ``--halt ...,fail=P%`` is judged once this many inputs have finished (fewer prove nothing).
 HALT_MIN_FINISHED = 10
@@ -194,23 +200,30 @@ class Run:
         return Outcome(self.ok, self.failed, not_run, ended_by, signum)
 
     def _loop(self) -> str:
+        chores_due = time.monotonic()
         while True:
             if self.halting and not self.jobs:
                 return "read_error" if self.read_error is not None else "halt"
             if self.eof and not self.jobs and not self.batch and not self.ready:
                 return "end"
+            if time.monotonic() >= chores_due:
+                self._chores()
+                chores_due = time.monotonic() + _CHORES_SECONDS
             try:
                 kind, value = self.events.get(block=False)
             except queue.Empty:
                 self._hand_batch()
-                self._flush_stdout()
-                self._tick()
-                if self.pipe_watch is not None and self.pipe_watch():
-                    raise BrokenPipeError
                 try:
-                    kind, value = self.events.get(timeout=0.1 if self.progress else 0.25)
+                    # While results stream in, the next is a moment away: write lines in
+                    # batches, not a system call per line.
+                    kind, value = self.events.get(timeout=_BATCH_SECONDS)
                 except queue.Empty:
-                    continue
+                    self._chores()
+                    chores_due = time.monotonic() + _CHORES_SECONDS
+                    try:
+                        kind, value = self.events.get(timeout=_CHORES_SECONDS)
+                    except queue.Empty:
+                        continue
             if kind == "input":
                 self._take(value)
             elif kind == "done":
@@ -222,6 +235,13 @@ class Run:
                 self._stop_reading_after(value)
             if self.joblog_error:
                 return "joblog"
+
+    def _chores(self) -> None:
+        """Lines out, the progress line, and whether the reader of our output has gone."""
+        self._flush_stdout()
+        self._tick()
+        if self.pipe_watch is not None and self.pipe_watch():
+            raise BrokenPipeError
 
     def _take(self, item: Input) -> None:
         self.read += 1

@@ -68,8 +68,20 @@ def render(value: Any, as_json: bool) -> str:
     """The text of a result: JSON (what JSON cannot hold as its ``repr`` string), or
     ``str(value)`` with ``None`` as the empty string."""
     if as_json:
-        return json.dumps(value, default=repr, ensure_ascii=False)
+        return to_json(value)
     return "" if value is None else str(value)
+
+
+def to_json(value: Any) -> str:
+    """JSON text, non-ASCII characters as themselves; but a string holding bytes that were
+    not UTF-8 (lone surrogates, from ``surrogateescape``) is escaped (``\\udcff``), so the
+    line stays valid UTF-8 and the bytes can be recovered."""
+    text = json.dumps(value, default=repr, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return json.dumps(value, default=repr)
+    return text
 
 
 def summary(exc: BaseException) -> str:
