@@ -114,8 +114,13 @@ class Run:
         self.total = total
         self.stdout, self.stderr = stdout, stderr
         self.events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        self.window = threading.Semaphore(options.window)
-        self.stop_reading = threading.Event()
+        # The window's free slots, as tokens. Not a threading.Semaphore, nor an Event for
+        # the stop: their Python-level Condition can be left locked for good by a Ctrl-C
+        # that lands inside it (DESIGN, contract 9); a SimpleQueue's put is one C call.
+        self.window: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(options.window):
+            self.window.put(None)
+        self.reading_stopped = False
         self.reader = threading.Thread(target=self._read, args=(inputs,), daemon=True,
                                        name="pool-map-reader")
         self.jobs: dict[Future[Any], _Job] = {}       # handed to the pool, not yet done
@@ -141,10 +146,10 @@ class Run:
     def _read(self, inputs: Iterator[Input]) -> None:
         try:
             while True:
-                while not self.window.acquire(timeout=0.25):
-                    if self.stop_reading.is_set():
+                while not self._take_slot():
+                    if self.reading_stopped:
                         return
-                if self.stop_reading.is_set():
+                if self.reading_stopped:
                     return
                 item = next(inputs, None)
                 if item is None:
@@ -153,6 +158,13 @@ class Run:
                 self.events.put(("input", item))
         except BaseException as exc:  # an unreadable input ends the run, with the reason
             self.events.put(("read_error", exc))
+
+    def _take_slot(self) -> bool:
+        try:
+            self.window.get(timeout=0.25)
+        except queue.Empty:
+            return False
+        return True
 
     # -- the main thread -----------------------------------------------------------------
 
@@ -178,7 +190,7 @@ class Run:
             for signum_ in handlers:
                 signal.signal(signum_, signal.SIG_IGN)
             self.halting = True   # what finishes from now on starts nothing: no refills
-            self.stop_reading.set()
+            self.reading_stopped = True
             if ended_by == "end":
                 self.pool.shutdown(wait=True)
             else:
@@ -246,7 +258,7 @@ class Run:
     def _take(self, item: Input) -> None:
         self.read += 1
         if self.halting:
-            self.window.release()
+            self.window.put(None)
             return
         finished = self.options.resume.get(item.seq) if self.options.resume is not None else None
         if finished is not None:
@@ -367,7 +379,7 @@ class Run:
 
     def _halt(self, halt: Halt) -> None:
         self.halting = True
-        self.stop_reading.set()
+        self.reading_stopped = True
         self.batch, self.ready = [], collections.deque()   # never started: not run
         self._note(f"pool map: halting ({'now' if halt.now else 'soon'}): "
                    f"{_inputs(self.failed)} failed")
@@ -409,7 +421,7 @@ class Run:
             pass
 
     def _write(self, line: str | None) -> None:
-        self.window.release()
+        self.window.put(None)
         if line is not None:
             self.stdout.write((line + "\n").encode("utf-8", "surrogateescape"))
 

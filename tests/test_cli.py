@@ -16,6 +16,7 @@ import re
 import select
 import signal
 import subprocess
+import threading
 import sys
 import time
 from pathlib import Path
@@ -975,3 +976,38 @@ def test_ctrl_c_while_waiting_for_input(command):
     assert cmd.read_line(30) == b"2\n"
     os.kill(cmd.proc.pid, signal.SIGINT)
     assert_ended_cleanly(cmd, [], 130, "interrupted")
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_at_any_moment_of_a_busy_run_ends_it(tmp_path):
+    """A Ctrl-C can land between any two bytecodes of the main thread; none of them may
+    leave a lock taken that the teardown then waits on (a threading.Semaphore's Condition
+    did: the command hung). Many runs, each interrupted at a different moment."""
+    for attempt in range(20):
+        producer = subprocess.Popen(["yes", "x" * 50], stdout=subprocess.PIPE)
+        try:
+            cli = subprocess.Popen([sys.executable, "-m", "pool", "map", "-j", "2",
+                                    "builtins:len"], stdin=producer.stdout,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   cwd=str(TESTS_DIR), start_new_session=True)
+            producer.stdout.close()
+            # Wait for output (the run is busy), then interrupt after a varying delay.
+            assert cli.stdout.readline().strip() == b"50"
+            threading.Timer(0.03 * attempt, os.kill, (cli.pid, signal.SIGINT)).start()
+            drain = threading.Thread(target=cli.stdout.read, daemon=True)
+            drain.start()
+            try:
+                assert cli.wait(timeout=30) == 130, attempt
+            finally:
+                if cli.poll() is None:
+                    os.killpg(cli.pid, signal.SIGKILL)
+                    cli.wait()
+            drain.join(10)
+            err = cli.stderr.read().decode()
+            assert "Traceback" not in err, err
+            assert wait_until(lambda: not session_members(cli.pid), 10)
+        finally:
+            producer.kill()
+            producer.wait()
+            cli.stdout.close()
+            cli.stderr.close()
