@@ -12,19 +12,22 @@ import argparse
 import importlib
 import multiprocessing
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from typing import Any, Callable, NoReturn, Sequence
 
 from . import __version__
-from ._cli_inputs import count, read_inputs, records_of, records_of_arguments
+from ._cli_inputs import counter, read_inputs, records_of, records_of_arguments
 from ._cli_joblog import Joblog, JoblogError, read_joblog
-from ._cli_run import RETRY_KINDS, Halt, Options, Outcome, Run, install_signal_handlers
+from ._cli_run import RETRY_KINDS, End, Halt, Options, Outcome, Run
 
 # Exit statuses of ``map`` (GNU parallel's convention, plus the shell's for signals).
 EXIT_OK = 0               # every input succeeded
 EXIT_MANY_FAILED = 101    # more than 100 inputs failed (1-100: exactly that many failed)
-EXIT_USAGE = 255          # bad options, a function or input or job log that cannot be used
+EXIT_USAGE = 255          # bad options, function, input or job log; standard output
+                          # failing; an internal error (each explained on standard error)
 EXIT_INTERRUPTED = 130    # Ctrl-C (128 + SIGINT)
 EXIT_PIPE = 141           # standard output was closed (128 + SIGPIPE), e.g. by `| head`
 
@@ -35,7 +38,8 @@ exit status:
   101     more than 100 inputs failed
   130     interrupted by Ctrl-C (143: SIGTERM, 129: SIGHUP)
   141     standard output was closed (| head): the run stopped quietly
-  255     usage error: bad option, function, input file or job log
+  255     bad option, function, input or job log, standard output that cannot
+          be written, or an internal error (each explained on standard error)
 """
 
 
@@ -248,56 +252,70 @@ examples:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
     try:
+        parser = _parser()
         args = parser.parse_args(argv)
-    except KeyboardInterrupt:   # while importing the function
-        sys.stderr.write("pool: interrupted\n")
+        if args.command == "demo":
+            from ._demo import run_demo
+            return run_demo(start_method=args.start_method)
+        return _map(args)
+    except KeyboardInterrupt:   # before the run took the signals over (importing, opening)
+        _say("pool: interrupted")
         return EXIT_INTERRUPTED
-    if args.command == "demo":
-        from ._demo import run_demo
-        return run_demo(start_method=args.start_method)
-    return _map(args, parser)
 
 
-def _map(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _say(text: str) -> None:
+    """A line on standard error, if there is one to write to."""
+    try:
+        if sys.stderr is not None:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+    except Exception:
+        pass
+
+
+def _usage(message: str) -> int:
+    _say(f"python -m pool map: error: {message}")
+    return EXIT_USAGE
+
+
+def _map(args: argparse.Namespace) -> int:
     from ._executor import _cpu_count
 
-    def usage(message: str) -> int:
-        sys.stderr.write(f"python -m pool map: error: {message}\n")
-        return EXIT_USAGE
-
     if args.inputs and args.arg_file:
-        return usage("give inputs as arguments or with -a FILE, not both")
+        return _usage("give inputs as arguments or with -a FILE, not both")
     if (args.resume or args.resume_failed) and not args.joblog:
-        return usage("--resume and --resume-failed need --joblog FILE")
+        return _usage("--resume and --resume-failed need --joblog FILE")
+    if sys.stdout is None or not _is_open(1):
+        return _usage("standard output is closed: there is nowhere to write the results")
     workers = args.workers or _cpu_count()
+    total: int | Callable[[], int | None] | None
+    fd = -1
     if args.inputs:
         records = records_of_arguments(args.inputs)
-        total: int | None = len(args.inputs)
+        total = len(args.inputs)
     else:
         fd = 0
         if args.arg_file and args.arg_file != "-":
             try:
                 fd = os.open(args.arg_file, os.O_RDONLY)
             except OSError as exc:
-                return usage(f"cannot read {args.arg_file}: {exc.strerror}")
+                return _usage(f"cannot read {args.arg_file}: {exc.strerror}")
+        elif not _is_open(0):
+            return _usage("standard input is closed: give inputs as arguments or with -a")
         records = records_of(fd, args.null)
-        total = count(fd, args.null, args.jsonl)
+        total = counter(fd, args.null, args.jsonl)
     resumed = None
+    joblog = None
     try:
         if (args.resume or args.resume_failed) and os.path.exists(args.joblog):
             resumed = read_joblog(args.joblog)
         # (Resuming from a log not written yet runs everything: a retry loop's first turn.)
-        joblog = None
         if args.joblog:
-            joblog = Joblog(open(args.joblog, "a" if resumed is not None else "w",
-                                 encoding="utf-8", errors="surrogateescape", newline="\n"),
-                            write_header=resumed is None)
+            joblog = Joblog.open(args.joblog, append=resumed is not None)
     except JoblogError as exc:
-        return usage(str(exc))
-    except OSError as exc:
-        return usage(f"cannot write the job log {args.joblog}: {exc.strerror}")
+        return _usage(str(exc))
+    capture_directory = tempfile.mkdtemp(prefix="pool-map-")
     options = Options(
         function=args.function, workers=workers, chunksize=args.chunksize,
         mp_context=(multiprocessing.get_context(args.start_method)
@@ -305,46 +323,43 @@ def _map(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         as_json=args.json, tag=args.tag, unordered=args.unordered, progress=args.progress,
         timeout=args.timeout, retries=args.retries, retry_on=args.retry_on, halt=args.halt,
         joblog=joblog, resume=resumed, resume_failed=args.resume_failed,
-        window=args.read_ahead or max(1000, 4 * workers * args.chunksize))
-    install_signal_handlers()
+        window=args.read_ahead or max(1000, 4 * workers * args.chunksize),
+        capture_directory=capture_directory)
     # Buffered whatever PYTHONUNBUFFERED says: the run flushes whenever it would wait.
-    stdout = open(sys.stdout.fileno(), "wb", buffering=1 << 16, closefd=False)
+    stdout = open(1, "wb", buffering=1 << 16, closefd=False)
     try:
         outcome = Run(options, read_inputs(records, args.jsonl), total, stdout,
                       sys.stderr).run()
     finally:
         if joblog is not None:
             joblog.close()
+        shutil.rmtree(capture_directory, ignore_errors=True)
     return _exit_status(outcome)
 
 
-def _exit_status(outcome: Outcome) -> int:
-    stopped = f"{outcome.ok} ok, {outcome.failed} failed, {outcome.not_run} not finished"
-    if outcome.ended_by == "pipe":
-        _silence_stdout()
-        return EXIT_PIPE
-    if outcome.ended_by == "interrupt":
-        sys.stderr.write(f"pool map: interrupted ({stopped})\n")
-        return EXIT_INTERRUPTED
-    if outcome.ended_by == "signal":
-        name = signal.Signals(outcome.signum).name
-        sys.stderr.write(f"pool map: stopped by {name} ({stopped})\n")
-        return 128 + outcome.signum
-    if outcome.ended_by in ("joblog", "read_error"):
-        return EXIT_USAGE
+def _is_open(fd: int) -> bool:
     try:
-        sys.stdout.flush()
-    except BrokenPipeError:
-        _silence_stdout()
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
+def _exit_status(outcome: Outcome) -> int:
+    """The status, and for a run stopped by a signal the line that says so (the other
+    early ends were explained by the run)."""
+    if outcome.end is End.SIGNAL:
+        counts = (f"{outcome.ok} ok, {outcome.failed} failed, {outcome.not_finished} read "
+                  f"but not finished")
+        if outcome.signum == signal.SIGINT:
+            _say(f"pool map: interrupted ({counts})")
+            return EXIT_INTERRUPTED
+        _say(f"pool map: stopped by {signal.Signals(outcome.signum).name} ({counts})")
+        return 128 + outcome.signum
+    if outcome.end is End.OUTPUT_CLOSED:
         return EXIT_PIPE
-    if outcome.failed == 0:
-        return EXIT_OK
-    return EXIT_MANY_FAILED if outcome.failed > 100 else outcome.failed
-
-
-def _silence_stdout() -> None:
-    """Standard output is a closed pipe: point it at /dev/null, so that the interpreter's
-    last flush at exit does not print a BrokenPipeError."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
+    if outcome.end in (End.DONE, End.HALT):
+        if outcome.failed == 0:
+            return EXIT_OK
+        return EXIT_MANY_FAILED if outcome.failed > 100 else outcome.failed
+    return EXIT_USAGE   # standard output or the job log failed, bad input, a bug

@@ -14,10 +14,11 @@ fails with the parse error.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import stat
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 _BLOCK = 1 << 16
 
@@ -57,51 +58,73 @@ def parse(seq: int, text: str, jsonl: bool) -> Input:
 
 def records_of(fd: int, nul: bool) -> Iterator[bytes]:
     """The records of ``fd``, read lazily. A last record without a separator counts."""
-    separator = b"\0" if nul else b"\n"
-    pending = b""
-    while True:
-        block = os.read(fd, _BLOCK)
-        if not block:
-            break
-        pieces = (pending + block).split(separator)
-        pending = pieces.pop()
-        for piece in pieces:
-            yield piece if nul else _strip_cr(piece)
-    if pending:
-        yield pending if nul else _strip_cr(pending)
+    for record in _split(_blocks(fd), b"\0" if nul else b"\n"):
+        yield record if nul else _strip_cr(record)
 
 
 def records_of_arguments(arguments: list[str]) -> Iterator[bytes]:
     return (os.fsencode(argument) for argument in arguments)
 
 
+def _blocks(fd: int, offset: int | None = None) -> Iterator[bytes]:
+    """The bytes of ``fd`` a block at a time: read, or from ``offset`` without moving the
+    file's own offset."""
+    while True:
+        block = os.read(fd, _BLOCK) if offset is None else os.pread(fd, _BLOCK, offset)
+        if not block:
+            return
+        if offset is not None:
+            offset += len(block)
+        yield block
+
+
+def _split(blocks: Iterable[bytes], separator: bytes) -> Iterator[bytes]:
+    """Records, in time linear in the input however long a record is: only the new block
+    is searched for separators, and a record's start is dropped only once it is whole."""
+    pending = bytearray()
+    for block in blocks:
+        searched = len(pending)
+        pending += block
+        start = 0
+        while True:
+            end = pending.find(separator, searched)
+            if end < 0:
+                break
+            yield bytes(pending[start:end])
+            start = searched = end + 1
+        del pending[:start]
+    if pending:
+        yield bytes(pending)
+
+
 def _strip_cr(line: bytes) -> bytes:
     return line[:-1] if line.endswith(b"\r") else line
 
 
-def count(fd: int, nul: bool, jsonl: bool) -> int | None:
-    """How many inputs ``fd`` holds from its current offset, if it is a regular file (so
-    that progress can show an ETA), read without moving the offset; else ``None``."""
+def counter(fd: int, nul: bool, jsonl: bool) -> Callable[[], int] | None:
+    """If ``fd`` is a regular file: what counts its inputs from the current offset (so
+    that progress can show an ETA), read without moving the offset, so that it can run
+    while the inputs are read. Otherwise ``None``."""
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         offset = os.lseek(fd, 0, os.SEEK_CUR)
     except OSError:
         return None
-    separator = b"\0" if nul else b"\n"
-    total, pending = 0, b""
-    while True:
-        block = os.pread(fd, _BLOCK, offset)
-        if not block:
-            break
-        offset += len(block)
-        if jsonl:
-            pieces = (pending + block).split(separator)
-            pending = pieces.pop()
-            total += sum(1 for piece in pieces if piece.strip())
-        else:
-            total += block.count(separator)
-            pending = block[-1:]
+    return functools.partial(_count, fd, offset, b"\0" if nul else b"\n", jsonl)
+
+
+def count(fd: int, nul: bool, jsonl: bool) -> int | None:
+    """How many inputs ``fd`` holds from its current offset, if it is a regular file."""
+    counting = counter(fd, nul, jsonl)
+    return None if counting is None else counting()
+
+
+def _count(fd: int, offset: int, separator: bytes, jsonl: bool) -> int:
     if jsonl:
-        return total + (1 if pending.strip() else 0)
-    return total + (1 if pending and pending != separator else 0)
+        return sum(1 for record in _split(_blocks(fd, offset), separator) if record.strip())
+    total, last = 0, b""
+    for block in _blocks(fd, offset):
+        total += block.count(separator)
+        last = block[-1:]
+    return total + (1 if last and last != separator else 0)

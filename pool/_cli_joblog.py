@@ -36,9 +36,9 @@ class Entry(NamedTuple):
     start: float
     runtime: float
     outcome: str
-    exitcode: str
-    signal: str
-    pid: str
+    exitcode: int | None
+    signal: str | None
+    pid: int | None
     attempts: int
     error: str
     input: str
@@ -55,21 +55,72 @@ def escape(text: str) -> str:
 
 
 class Joblog:
+    """The job log, open for writing. Every failure to write is a JoblogError."""
+
     def __init__(self, stream: IO[str], *, write_header: bool) -> None:
         self._stream = stream
         if write_header:
-            stream.write("\t".join(HEADER) + "\n")
-            stream.flush()
+            try:
+                self._put("\t".join(HEADER))
+            except JoblogError:
+                stream.close()
+                raise
+
+    @classmethod
+    def open(cls, path: str, *, append: bool) -> Joblog:
+        """A new log at ``path``, or (``append``) the end of one being resumed. The last
+        line of a run killed while writing it is cut off first, so that the entries
+        appended start on a line of their own."""
+        try:
+            if append:
+                _cut_torn_line(path)
+            stream = open(path, "a" if append else "w", encoding="utf-8",
+                          errors="surrogateescape", newline="\n")
+        except OSError as exc:
+            raise JoblogError(f"cannot write the job log {path}: {exc.strerror}") from exc
+        return cls(stream, write_header=not append)
 
     def write(self, entry: Entry) -> None:
         fields = (str(entry.seq), f"{entry.start:.3f}", f"{entry.runtime:.3f}", entry.outcome,
-                  entry.exitcode, entry.signal, entry.pid, str(entry.attempts),
-                  entry.error or "-", escape(entry.input))
-        self._stream.write("\t".join(fields) + "\n")
-        self._stream.flush()
+                  _or_dash(entry.exitcode), entry.signal or "-", _or_dash(entry.pid),
+                  str(entry.attempts), entry.error or "-", escape(entry.input))
+        self._put("\t".join(fields))
+
+    def _put(self, line: str) -> None:
+        try:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+        except OSError as exc:
+            raise JoblogError(f"cannot write the job log: {exc.strerror or exc}") from exc
 
     def close(self) -> None:
-        self._stream.close()
+        try:
+            self._stream.close()
+        except OSError:
+            pass  # (what could not be written was reported when it was written)
+
+
+def _or_dash(number: int | None) -> str:
+    return "-" if number is None else str(number)
+
+
+def _cut_torn_line(path: str) -> None:
+    with open(path, "rb+") as stream:
+        end = stream.seek(0, 2)
+        if end == 0:
+            return
+        stream.seek(end - 1)
+        if stream.read(1) == b"\n":
+            return
+        while end > 0:   # back a block at a time to the last line break
+            start = max(0, end - (1 << 16))
+            stream.seek(start)
+            newline = stream.read(end - start).rfind(b"\n")
+            if newline >= 0:
+                stream.truncate(start + newline + 1)
+                return
+            end = start
+        stream.truncate(0)
 
 
 class Finished(NamedTuple):

@@ -24,9 +24,9 @@ class Failure(NamedTuple):
     error_type: str     # "ValueError", "WorkerDied", ...
     summary: str        # one line: "ValueError: invalid literal ..."
     detail: str         # what stderr shows below the summary (traceback, crash report)
-    exitcode: str = "-"
-    signal: str = "-"
-    pid: str = "-"
+    exitcode: int | None = None   # 1 for an exception (as ``python`` exits), a death's code
+    signal: str | None = None     # "SIGSEGV"; "SIGKILL" for a timeout
+    pid: int | None = None
 
 
 def one_line(text: str) -> str:
@@ -54,16 +54,14 @@ def json_result(seq: int, input_value: Any, value_json: str) -> str:
 def json_failure(seq: int, input_value: Any, failure: Failure) -> str:
     error: dict[str, Any] = {"type": failure.error_type, "message": failure.summary,
                              "kind": failure.kind}
-    if failure.exitcode != "-":
-        error["exitcode"] = int(failure.exitcode)
-    if failure.signal != "-":
+    if failure.exitcode is not None:
+        error["exitcode"] = failure.exitcode
+    if failure.signal is not None:
         error["signal"] = failure.signal
-    if failure.pid != "-":
-        error["pid"] = int(failure.pid)
+    if failure.pid is not None:
+        error["pid"] = failure.pid
     return (f'{{"seq": {seq}, "input": {to_json(input_value)}, "ok": false, '
             f'"error": {to_json(error)}}}')
-
-
 
 
 class Progress:

@@ -1,19 +1,22 @@
 """The run of ``python -m pool map``: inputs in, jobs to the pool, lines out.
 
-Runs in: the command's main thread, plus one reader thread that turns the input into
-``Input`` records and hands them over through ``events`` (so the main thread never blocks
-on the input while results are ready to print). Done-callbacks post finished jobs to the
-same queue; the main thread alone writes output, keeps the counts and decides.
+Runs in: the command's main thread, plus a reader thread that turns the input into
+``Input`` records (and, for ``--progress`` on a file, one that counts them). Everything
+that happens reaches the main thread as an event on one queue: inputs and the end of the
+input from the reader, finished jobs from done-callbacks, and signals from the signal
+handlers. The main thread alone writes output, keeps the counts and decides.
 
 Guarantees:
-- Bounded read-ahead: the reader takes a slot of ``window`` before each input and the main
-  thread gives it back when that input's line is written, so memory stays flat however
-  long the input is, and a slow input holds back at most ``window`` others.
+- Bounded read-ahead (``_cli_lines.Window``): memory stays flat however long the input.
 - One standard-output line per input that finished (ok or failed), in input order unless
-  ``unordered``. An input the run stopped (``--halt now``, Ctrl-C, SIGTERM, a closed output
-  pipe) or never started gets no line and no job-log entry: ``--resume`` runs it again.
-- Every way out leaves no worker running: ending early terminates the workers and waits
-  until they are reaped (``ProcessPool.terminate_workers``).
+  ``unordered``. An input the run stopped (``--halt now``, a signal, a closed output pipe)
+  or never started gets no line and no job-log entry: ``--resume`` runs it again.
+- Signals are events. SIGINT, SIGTERM and SIGHUP end the run at the loop's next turn (within
+  ``_CHORES_SECONDS``), so no exception lands inside the pool's code or ours (DESIGN,
+  contract 9). A second one raises ``StopRequested`` wherever the main thread is: the way
+  out of a write to a pipe nobody reads.
+- Every way out, a bug of ours included, leaves no worker running: ending early terminates
+  the workers and waits until they are reaped (``ProcessPool.terminate_workers``).
 
 Assumes: it is the main thread (signals land here) and the pool's workers ignore SIGINT.
 """
@@ -22,31 +25,31 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import os
 import queue
-import select
 import signal
-import stat
 import threading
 import time
+import traceback
 from concurrent.futures import Future
 from typing import IO, Any, Callable, Iterator, NamedTuple
 
 from . import _cli_output as output
 from ._cli_inputs import Input
-from ._cli_joblog import Entry, Finished, Joblog, escape
-from ._cli_task import Report, run_job, setup_worker, summary
+from ._cli_joblog import Entry, Finished, Joblog, JoblogError, escape
+from ._cli_lines import Lines, OutputClosed, OutputFailed, Window
+from ._cli_task import Report, capture_path, read_capture, run_job, setup_worker, summary
 from ._errors import TaskTimeout, WorkerDied, WorkerTerminated, describe_exit
 from ._executor import ProcessPool
 
 RETRY_KINDS = ("died", "timeout", "error")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 # How long the run waits for the next event before it writes out the lines it holds.
 _BATCH_SECONDS = 0.005
 # How often, at most, while events keep coming: flush, progress, check the output pipe.
-# (Also the longest wait for an event: a Ctrl-C between two is seen within it.)
 _CHORES_SECONDS = 0.1
-
 
 # ``--halt ...,fail=P%`` is judged once this many inputs have finished (fewer prove nothing).
 HALT_MIN_FINISHED = 10
@@ -83,22 +86,31 @@ class Options:
     resume: dict[int, Finished] | None      # what a job log says finished, with --resume*
     resume_failed: bool
     window: int
+    capture_directory: str                  # where workers keep what an input prints
 
 
-class Stopped(BaseException):
-    """SIGTERM or SIGHUP arrived: end the run as Ctrl-C does."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
+class End(enum.Enum):
+    """Why the run ended."""
+    DONE = "every input finished"
+    HALT = "--halt"
+    SIGNAL = "a signal"
+    OUTPUT_CLOSED = "standard output was closed"
+    OUTPUT_FAILED = "standard output could not be written"
+    JOBLOG = "the job log could not be used"
+    READ_ERROR = "the input could not be read"
+    INTERNAL = "an internal error"
 
 
 class Outcome(NamedTuple):
     ok: int
     failed: int
-    not_run: int          # inputs read but stopped or never started
-    ended_by: str         # "end", "halt", "pipe", "interrupt", "signal", "joblog"
+    not_finished: int     # inputs read (ahead, queued or running) that got no outcome
+    end: End
     signum: int = 0
+
+
+class StopRequested(BaseException):
+    """A second stop signal arrived while the run was still ending the first way."""
 
 
 class _Job(NamedTuple):
@@ -108,49 +120,45 @@ class _Job(NamedTuple):
 
 
 class Run:
-    def __init__(self, options: Options, inputs: Iterator[Input], total: int | None,
-                 stdout: IO[bytes], stderr: IO[str]) -> None:
+    def __init__(self, options: Options, inputs: Iterator[Input],
+                 total: int | Callable[[], int | None] | None,
+                 stdout: IO[bytes], stderr: IO[str] | None) -> None:
         self.options = options
-        self.total = total
-        self.stdout, self.stderr = stdout, stderr
+        self.stderr = stderr
         self.events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
-        # The window's free slots, as tokens. Not a threading.Semaphore, nor an Event for
-        # the stop: their Python-level Condition can be left locked for good by a Ctrl-C
-        # that lands inside it (DESIGN, contract 9); a SimpleQueue's put is one C call.
-        self.window: queue.SimpleQueue[None] = queue.SimpleQueue()
-        for _ in range(options.window):
-            self.window.put(None)
-        self.reading_stopped = False
+        self.window = Window(options.window)
+        self.lines = Lines(stdout, self.window, ordered=not options.unordered)
+        self.stdout_is_tty = _isatty(stdout)
         self.reader = threading.Thread(target=self._read, args=(inputs,), daemon=True,
                                        name="pool-map-reader")
+        # The total is for the progress line only: counting a long file must not delay
+        # the first result, so it is counted beside the run.
+        self.total = total if not callable(total) else None
+        self.counter = (threading.Thread(target=self._count, args=(total,), daemon=True,
+                                         name="pool-map-counter")
+                        if callable(total) and options.progress else None)
         self.jobs: dict[Future[Any], _Job] = {}       # handed to the pool, not yet done
+        self.in_pool = 0                               # inputs in those jobs
         self.batch: list[Input] = []                   # inputs gathered for the next chunk
         self.ready: collections.deque[list[Input]] = collections.deque()  # chunks to hand
         # Chunks handed to the pool at most, running or queued there: enough to keep every
-        # worker busy, few enough that a halt or a stop finds little already started.
-        self.in_flight = 4 * options.workers
+        # worker busy; with --halt, no more than can run, so a halt finds nothing queued
+        # that would have run before the failure that halts it was known.
+        self.in_flight = options.workers * (1 if options.halt is not None else 4)
         self.read = self.ok = self.failed = self.skipped = 0
         self.eof = False
         self.halting = False
-        self.next_seq = 1                              # the next line due, when ordered
-        self.due: dict[int, str | None] = {}           # finished lines waiting for their turn
+        self.signum = 0
         self.progress = (output.Progress(stderr, tty=_isatty(stderr), interval=3.0)
-                         if options.progress else None)
-        self.pipe_watch = _pipe_watch(stdout)
+                         if options.progress and stderr is not None else None)
         self.pool: ProcessPool | None = None
-        self.joblog_error: str | None = None
-        self.read_error: str | None = None
+        self.problem: str | None = None                # why the run ended early, for stderr
 
-    # -- the reader thread ---------------------------------------------------------------
+    # -- threads beside the main one ------------------------------------------------------
 
     def _read(self, inputs: Iterator[Input]) -> None:
         try:
-            while True:
-                while not self._take_slot():
-                    if self.reading_stopped:
-                        return
-                if self.reading_stopped:
-                    return
+            while self.window.take():
                 item = next(inputs, None)
                 if item is None:
                     self.events.put(("eof", None))
@@ -159,65 +167,103 @@ class Run:
         except BaseException as exc:  # an unreadable input ends the run, with the reason
             self.events.put(("read_error", exc))
 
-    def _take_slot(self) -> bool:
+    def _count(self, count: Callable[[], int | None]) -> None:
         try:
-            self.window.get(timeout=0.25)
-        except queue.Empty:
-            return False
-        return True
+            self.events.put(("total", count()))
+        except Exception:
+            pass  # (the progress line goes without a total)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.signum:
+            raise StopRequested
+        self.signum = signum
+        self.events.put(("signal", signum))
 
     # -- the main thread -----------------------------------------------------------------
 
     def run(self) -> Outcome:
         options = self.options
-        self.pool = ProcessPool(options.workers, mp_context=options.mp_context,
-                                initializer=setup_worker)
-        ended_by, signum = "crash", 0   # (an exception of our own: end the workers too)
-        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM,
-                                                     signal.SIGHUP)}
+        previous = {signum: signal.signal(signum, self._on_signal) for signum in STOP_SIGNALS}
+        end = End.INTERNAL
         try:
+            self.pool = ProcessPool(options.workers, mp_context=options.mp_context,
+                                    initializer=setup_worker,
+                                    initargs=(options.capture_directory,))
             self.reader.start()
-            ended_by = self._loop()
-        except KeyboardInterrupt:
-            ended_by = "interrupt"
-        except Stopped as stop:
-            ended_by, signum = "signal", stop.signum
-        except BrokenPipeError:
-            ended_by = "pipe"
+            if self.counter is not None:
+                self.counter.start()
+            end = self._loop()
+        except (StopRequested, KeyboardInterrupt):
+            end = End.SIGNAL
+            self.signum = self.signum or signal.SIGINT
+        except BaseException as exc:
+            end = self._end_of(exc)
         finally:
-            # From here on the run only ends: a second Ctrl-C must not interrupt the
-            # teardown (it is bounded by the pool's grace periods).
-            for signum_ in handlers:
-                signal.signal(signum_, signal.SIG_IGN)
-            self.halting = True   # what finishes from now on starts nothing: no refills
-            self.reading_stopped = True
-            if ended_by == "end":
+            # From here on the run only ends: more signals must not interrupt the teardown
+            # (it is bounded by the pool's grace periods).
+            for signum in STOP_SIGNALS:
+                signal.signal(signum, signal.SIG_IGN)
+            try:
+                end = self._wind_up(end)
+            finally:
+                for signum, handler in previous.items():
+                    signal.signal(signum, handler)
+        not_finished = self.read - self.skipped - self.ok - self.failed
+        if self.problem:
+            self._note(self.problem)
+        if self.progress is not None and end is not End.OUTPUT_CLOSED:
+            self._note(output.summary_line(self.ok, self.failed, self.progress.elapsed(),
+                                           not_finished))
+        return Outcome(self.ok, self.failed, not_finished, end,
+                       self.signum if end is End.SIGNAL else 0)
+
+    def _end_of(self, exc: BaseException) -> End:
+        """The End an exception means (and the message that says so)."""
+        if isinstance(exc, OutputClosed):
+            return End.OUTPUT_CLOSED
+        if isinstance(exc, OutputFailed):
+            self.problem = f"pool map: cannot write standard output: {exc}; stopped"
+            return End.OUTPUT_FAILED
+        if isinstance(exc, JoblogError):
+            self.problem = f"pool map: {exc}; stopped"
+            return End.JOBLOG
+        if not isinstance(exc, Exception):
+            raise exc   # (SystemExit and the like: not ours to explain)
+        self.problem = ("pool map: internal error (a bug in pool; please report it); the "
+                        "workers were stopped:\n" + "".join(traceback.format_exception(exc))
+                        ).rstrip()
+        return End.INTERNAL
+
+    def _wind_up(self, end: End) -> End:
+        """Every worker ended, then the lines of what finished written."""
+        self.halting = True   # what finishes from now on starts nothing: no retries
+        self.window.stopped = True
+        if self.pool is not None:
+            if end is End.DONE:
                 self.pool.shutdown(wait=True)
             else:
                 self.pool.terminate_workers(wait=True)
-                if ended_by not in ("pipe", "crash"):
+        if end not in (End.OUTPUT_CLOSED, End.OUTPUT_FAILED):
+            try:
+                if end is not End.JOBLOG:
                     self._drain_finished()
-            for signum_, handler in handlers.items():
-                signal.signal(signum_, handler)
-        if ended_by != "pipe":
-            self._flush_due()
-        not_run = self.read - self.skipped - self.ok - self.failed
-        if self.progress is not None and ended_by != "pipe":
-            self.progress.clear()
-            self._note(output.summary_line(self.ok, self.failed, self.progress.elapsed(),
-                                           not_run))
-        if self.joblog_error:
-            self._note(self.joblog_error)
-            ended_by = "joblog"
-        return Outcome(self.ok, self.failed, not_run, ended_by, signum)
+                self.lines.put_the_rest()
+                self._flush()
+            except BaseException as exc:   # (writing out what finished failed in its turn)
+                if end is End.INTERNAL or not isinstance(exc, Exception):
+                    raise
+                end = self._end_of(exc)
+        if end in (End.OUTPUT_CLOSED, End.OUTPUT_FAILED):
+            self.lines.abandon()
+        return end
 
-    def _loop(self) -> str:
+    def _loop(self) -> End:
         chores_due = time.monotonic()
         while True:
             if self.halting and not self.jobs:
-                return "read_error" if self.read_error is not None else "halt"
+                return End.READ_ERROR if self.problem is not None else End.HALT
             if self.eof and not self.jobs and not self.batch and not self.ready:
-                return "end"
+                return End.DONE
             if time.monotonic() >= chores_due:
                 self._chores()
                 chores_due = time.monotonic() + _CHORES_SECONDS
@@ -243,36 +289,38 @@ class Run:
             elif kind == "eof":
                 self.eof = True
                 self._hand_batch()
+            elif kind == "signal":
+                return End.SIGNAL
+            elif kind == "total":
+                self.total = value
             elif kind == "read_error":
                 self._stop_reading_after(value)
-            if self.joblog_error:
-                return "joblog"
 
     def _chores(self) -> None:
-        """Lines out, the progress line, and whether the reader of our output has gone."""
-        self._flush_stdout()
+        """Lines out (which also finds a closed output pipe), and the progress line."""
+        if self.lines.unwritten and self.progress is not None and self.stdout_is_tty:
+            self.progress.clear()   # both on one terminal: the bar must not split a line
+        self._flush()
         self._tick()
-        if self.pipe_watch is not None and self.pipe_watch():
-            raise BrokenPipeError
+
+    def _flush(self) -> None:
+        self.lines.flush()
 
     def _take(self, item: Input) -> None:
         self.read += 1
         if self.halting:
-            self.window.put(None)
+            self.window.give_back()
             return
         finished = self.options.resume.get(item.seq) if self.options.resume is not None else None
         if finished is not None:
             if finished.escaped_input != escape(item.text):
-                self.joblog_error = (
-                    f"pool map: the job log was written for other inputs: input {item.seq} "
-                    f"is {escape(item.text)!r} here, {finished.escaped_input!r} in the log; "
-                    f"nothing more was run")
                 self.skipped += 1
-                self.due[item.seq] = None
-                return
+                raise JoblogError(
+                    f"the job log was written for other inputs: input {item.seq} is "
+                    f"{escape(item.text)!r} here, {finished.escaped_input!r} in the log")
             if finished.ok or not self.options.resume_failed:
                 self.skipped += 1
-                self._emit(item.seq, None)
+                self.lines.put(item.seq, None)
                 return
         if item.error is not None:
             failure = output.Failure("invalid", item.error.partition(":")[0], item.error, "")
@@ -302,13 +350,16 @@ class Run:
         future = self.pool.schedule(run_job, (options.function, calls, options.as_json),
                                     timeout=timeout)
         self.jobs[future] = _Job(items, attempt, time.time())
+        self.in_pool += len(items)
         future.add_done_callback(_post(self.events))
 
     def _finish(self, future: Future[Any]) -> None:
         job = self.jobs.pop(future, None)
-        if job is None or future.cancelled():
+        if job is None:
             return
-        self._pump()
+        self.in_pool -= len(job.inputs)
+        if future.cancelled():
+            return
         error = future.exception()
         if error is None:
             reports: list[Report] = future.result()
@@ -318,14 +369,35 @@ class Run:
                     self._record_ok(item, report, job.attempt)
                 else:
                     failure = output.Failure("error", report.error_type, report.text,
-                                             report.detail, "1", "-", str(report.pid))
+                                             report.detail, 1, None, report.pid)
                     self._fail(item, failure, job.attempt, report.start, report.runtime)
-            return
-        if isinstance(error, WorkerTerminated):
-            return  # the run ended it: it did not finish
-        failure = _failure_of(error)
-        for item in job.inputs:
-            self._fail(item, failure, job.attempt, job.handed, time.time() - job.handed)
+        elif not isinstance(error, WorkerTerminated):   # (if so, the run ended it)
+            pid = getattr(error, "pid", None)
+            if isinstance(pid, int):   # what the input printed before its worker was lost
+                self._echo(job.inputs[0] if len(job.inputs) == 1 else None,
+                           self._take_capture(pid))
+            failure = _failure_of(error)
+            for item in job.inputs:
+                self._fail(item, failure, job.attempt, job.handed, time.time() - job.handed)
+        # Only now: a failure above may have halted the run, and then nothing more starts.
+        self._pump()
+
+    def _take_capture(self, pid: int) -> str:
+        path = capture_path(self.options.capture_directory, pid)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return ""
+        try:
+            return read_capture(fd)
+        except OSError:
+            return ""
+        finally:
+            os.close(fd)
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
 
     def _fail(self, item: Input, failure: output.Failure, attempt: int, start: float,
               runtime: float) -> None:
@@ -341,14 +413,14 @@ class Run:
 
     def _record_ok(self, item: Input, report: Report, attempt: int) -> None:
         self.ok += 1
-        self._log(Entry(item.seq, report.start, report.runtime, "ok", "0", "-",
-                        str(report.pid), attempt, "", item.text))
+        self._log(Entry(item.seq, report.start, report.runtime, "ok", 0, None, report.pid,
+                        attempt, "", item.text))
         options = self.options
         if options.as_json:
             line = output.json_result(item.seq, item.value, report.text)
         else:
             line = output.plain_result(report.text)
-        self._emit(item.seq, output.tagged(item.text, line) if options.tag else line)
+        self.lines.put(item.seq, output.tagged(item.text, line) if options.tag else line)
 
     def _record_failure(self, item: Input, failure: output.Failure, attempts: int,
                         start: float, runtime: float) -> None:
@@ -362,7 +434,7 @@ class Run:
             line = output.json_failure(item.seq, item.value, failure)
         else:
             line = output.plain_failure(failure)
-        self._emit(item.seq, output.tagged(item.text, line) if options.tag else line)
+        self.lines.put(item.seq, output.tagged(item.text, line) if options.tag else line)
         halt = options.halt
         if halt is not None and not self.halting and halt.reached(self.failed,
                                                                   self.ok + self.failed):
@@ -370,63 +442,36 @@ class Run:
 
     def _stop_reading_after(self, error: BaseException) -> None:
         """The input cannot be read on: finish what runs, start nothing more."""
-        self.read_error = f"pool map: cannot read the input: {error}"
-        self._note(self.read_error)
-        self.halting = True
-        self.batch, self.ready = [], collections.deque()
-        for future in list(self.jobs):
-            future.cancel()
+        self.problem = f"pool map: cannot read the input: {error}"
+        self._stop_starting()
 
     def _halt(self, halt: Halt) -> None:
-        self.halting = True
-        self.reading_stopped = True
-        self.batch, self.ready = [], collections.deque()   # never started: not run
         self._note(f"pool map: halting ({'now' if halt.now else 'soon'}): "
                    f"{_inputs(self.failed)} failed")
         assert self.pool is not None
         if halt.now:
             self.pool.terminate_workers(wait=True)
+        self._stop_starting()
+
+    def _stop_starting(self) -> None:
+        self.halting = True
+        self.window.stopped = True
+        self.batch, self.ready = [], collections.deque()   # never started: not finished
         for future in list(self.jobs):
-            future.cancel()   # what has not started (the running ones finish, with soon)
+            future.cancel()   # what has not started (with soon, the running ones finish)
 
     def _log(self, entry: Entry) -> None:
         if self.options.joblog is not None:
             self.options.joblog.write(entry)
 
-    def _echo(self, item: Input, text: str) -> None:
+    def _echo(self, item: Input | None, text: str) -> None:
         """What the function printed, as one block on standard error."""
         if not text:
             return
-        if self.options.tag:
+        if self.options.tag and item is not None:
             prefix = escape(item.text) + "\t"
             text = "".join(prefix + line for line in text.splitlines(keepends=True))
         self._note(text.rstrip("\n"))
-
-    def _emit(self, seq: int, line: str | None) -> None:
-        if self.options.unordered:
-            self._write(line)
-            return
-        self.due[seq] = line
-        while self.next_seq in self.due:
-            self._write(self.due.pop(self.next_seq))
-            self.next_seq += 1
-
-    def _flush_due(self) -> None:
-        """At an early end: the lines of what finished, in order, past the gaps."""
-        for seq in sorted(self.due):
-            self._write(self.due.pop(seq))
-        try:
-            self._flush_stdout()
-        except BrokenPipeError:
-            pass
-
-    def _write(self, line: str | None) -> None:
-        self.window.put(None)
-        if line is not None:
-            self.stdout.write((line + "\n").encode("utf-8", "surrogateescape"))
-
-    def _flush_stdout(self) -> None:
-        self.stdout.flush()
 
     def _drain_finished(self) -> None:
         """After the workers were ended: record what finished before the end came."""
@@ -436,26 +481,28 @@ class Run:
             except queue.Empty:
                 return
             if kind == "done":
-                try:
-                    self._finish(value)
-                except BrokenPipeError:
-                    return
+                self._finish(value)
 
     def _tick(self) -> None:
-        if self.progress is not None:
-            total = self.total if self.total is not None else (self.read if self.eof else None)
-            if total is not None:
-                total -= self.skipped
-            self.progress.tick(self.ok, self.failed, len(self.jobs), total)
+        if self.progress is None:
+            return
+        total = self.total if self.total is not None else (self.read if self.eof else None)
+        if total is not None:
+            total -= self.skipped
+        try:
+            self.progress.tick(self.ok, self.failed, self.in_pool, total)
+        except Exception:   # standard error is gone: so is the progress line
+            self.progress = None
 
     def _note(self, text: str) -> None:
         """A message on standard error (never fatal: a closed stderr loses only messages)."""
         try:
             if self.progress is not None:
                 self.progress.clear()
-            self.stderr.write(text + "\n")
-            self.stderr.flush()
-        except (OSError, ValueError):
+            if self.stderr is not None:
+                self.stderr.write(text + "\n")
+                self.stderr.flush()
+        except Exception:
             pass
 
 
@@ -468,20 +515,28 @@ def _post(events: queue.SimpleQueue[tuple[str, Any]]) -> Callable[[Future[Any]],
 def _failure_of(error: BaseException) -> output.Failure:
     """A pool-level failure (the whole job failed) in the output's terms."""
     if isinstance(error, WorkerDied):
-        signame = error.signal_name or "-"
-        code = "-" if error.exitcode is None else str(max(error.exitcode, 0))
+        code = None if error.exitcode is None else max(error.exitcode, 0)
         return output.Failure("died", "WorkerDied",
                               f"WorkerDied: worker pid {error.pid} died "
                               f"({describe_exit(error.exitcode)})",
-                              error.crash_report or "", code, signame, str(error.pid))
+                              _without_our_frames(error.crash_report or ""), code,
+                              error.signal_name, error.pid)
     if isinstance(error, TaskTimeout):
-        where = ("Where it was when the time ran out:\n" + error.stack.rstrip()
+        where = ("Where it was when the time ran out:\n"
+                 + _without_our_frames(error.stack).rstrip()
                  if error.stack else "(the worker did not write its stack in time)")
         return output.Failure("timeout", "TaskTimeout",
                               f"TaskTimeout: ran longer than {error.timeout:g} s "
                               f"(worker pid {error.pid} killed)",
-                              where, "-", "SIGKILL", str(error.pid))
-    return output.Failure("error", type(error).__name__, summary(error), str(error), "-")
+                              where, None, "SIGKILL", error.pid)
+    return output.Failure("error", type(error).__name__, summary(error), str(error))
+
+
+def _without_our_frames(stack: str) -> str:
+    """A worker's stack without the frames of the code that calls the user's function,
+    which say nothing about the input."""
+    return "".join(line for line in stack.splitlines(keepends=True)
+                   if "_cli_task.py" not in line)
 
 
 def _inputs(number: int) -> str:
@@ -493,37 +548,8 @@ def _short(text: str, limit: int = 60) -> str:
     return shown if len(shown) <= limit else shown[:limit - 4] + "...'"
 
 
-def _isatty(stream: IO[str]) -> bool:
+def _isatty(stream: IO[Any] | None) -> bool:
     try:
-        return stream.isatty()
+        return stream is not None and stream.isatty()
     except (OSError, ValueError):
         return False
-
-
-def _pipe_watch(stdout: IO[bytes]) -> Callable[[], bool] | None:
-    """On Linux, the write end of a pipe whose reader is gone polls as an error: the run
-    then ends at once, not at its next line (``| head`` while long tasks run)."""
-    try:
-        fd = stdout.fileno()
-        if not hasattr(select, "poll") or not stat_is_fifo(fd):
-            return None
-    except (OSError, ValueError, AttributeError):
-        return None
-    poller = select.poll()
-    poller.register(fd, select.POLLERR)
-
-    def closed() -> bool:
-        return any(events & select.POLLERR for _, events in poller.poll(0))
-    return closed
-
-
-def stat_is_fifo(fd: int) -> bool:
-    return stat.S_ISFIFO(os.fstat(fd).st_mode)
-
-
-def install_signal_handlers() -> None:
-    """SIGTERM and SIGHUP end the run as Ctrl-C does (workers stopped, status 128+N)."""
-    def stop(signum: int, frame: Any) -> None:
-        raise Stopped(signum)
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, stop)

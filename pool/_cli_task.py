@@ -1,20 +1,24 @@
 """What ``python -m pool map`` runs in a worker: the user's function over one job's inputs.
 
 Runs in: a worker process (``setup_worker`` as the pool's initializer, ``run_job`` as the
-task). Guarantees: the worker's standard output never reaches the command's standard
-output, which carries results only: what the function prints through ``sys.stdout`` or
-``sys.stderr`` is captured per input and sent back with its report, and what bypasses
-them (C code, child processes writing to file descriptor 1) goes to standard error. An
-exception is reported, not raised, so the other inputs of a chunk still run. The value is
-rendered to text here, in parallel, so that what cannot be pickled still prints.
+task). Guarantees: the worker never writes to the command's standard output, which carries
+results only. While an input runs, file descriptors 1 and 2 point at the worker's capture
+file (in a directory the command made), so everything the function prints, through
+``sys.stdout``, C code or a child process, is kept with that input; ``sys.stdout.fileno()``
+works. The capture is read back into the input's report; if the worker dies or is killed
+mid-input, the command reads the file itself (``capture_path``), so the output that led to
+a crash is not lost. Between inputs, 1 and 2 are the command's standard error.
+
+An exception is reported, not raised, so the other inputs of a chunk still run. The value
+is rendered to text here, in parallel; rendering never fails an input.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
+import signal
+import sys
 import time
 import traceback
 from typing import Any, Callable, NamedTuple
@@ -25,16 +29,32 @@ class Report(NamedTuple):
     ok: bool
     text: str          # the value rendered (plain text or JSON), or "Type: message"
     error_type: str    # the exception's class name, "" when ok
-    detail: str        # the worker-side traceback, "" when ok
+    detail: str        # the worker-side traceback, "" when ok or when it says no more
     output: str        # what the function printed
     pid: int
     start: float       # time.time() when the input started
     runtime: float     # seconds
 
 
-def setup_worker() -> None:
-    """The pool's initializer: file descriptor 1 becomes a copy of 2."""
+class _Capture:
+    fd = -1            # the capture file, open for reading and appending
+    stderr = -1        # a copy of the command's standard error
+
+
+def capture_path(directory: str, pid: int) -> str:
+    return os.path.join(directory, f"{pid}.out")
+
+
+def setup_worker(capture_directory: str) -> None:
+    """The pool's initializer."""
+    # Under fork the command's own handlers were copied here: a worker must die of the
+    # SIGTERM that ends it, not report it to a run that is not in this process.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+    _Capture.stderr = os.dup(2)
     os.dup2(2, 1)
+    _Capture.fd = os.open(capture_path(capture_directory, os.getpid()),
+                          os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o600)
 
 
 def run_job(fn: Callable[..., Any], calls: list[tuple[tuple[Any, ...], dict[str, Any]]],
@@ -45,43 +65,86 @@ def run_job(fn: Callable[..., Any], calls: list[tuple[tuple[Any, ...], dict[str,
 
 def _run_one(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
              as_json: bool) -> Report:
-    captured = io.StringIO()
+    _begin_capture()
     start, clock = time.time(), time.perf_counter()
     try:
-        with contextlib.redirect_stdout(captured), contextlib.redirect_stderr(captured):
-            value = fn(*args, **kwargs)
-        text = render(value, as_json)
+        value = fn(*args, **kwargs)
     except BaseException as exc:  # SystemExit and KeyboardInterrupt fail this input alone
         runtime = time.perf_counter() - clock
-        # The first frame is _run_one itself: the user's traceback starts below it.
+        output = _end_capture()
         below = exc.__traceback__.tb_next if exc.__traceback__ else None
-        # Only a traceback with frames of the user's says more than the summary line.
+        # The first frame is _run_one's: the user's traceback starts below it, and only a
+        # traceback with frames of the user's (or a chain) says more than the summary.
         detail = ("".join(traceback.format_exception(type(exc), exc, below))
                   if below is not None or exc.__cause__ or exc.__context__ else "")
-        return Report(False, summary(exc), type(exc).__name__, detail, captured.getvalue(),
+        return Report(False, summary(exc), type(exc).__name__, detail, output,
                       os.getpid(), start, runtime)
-    return Report(True, text, "", "", captured.getvalue(), os.getpid(), start,
-                  time.perf_counter() - clock)
+    runtime = time.perf_counter() - clock
+    output = _end_capture()
+    return Report(True, render(value, as_json), "", "", output, os.getpid(), start, runtime)
+
+
+def _flush_standard_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # replaced or closed by the function: nothing of ours to keep
+            pass
+
+
+def _begin_capture() -> None:
+    if _Capture.fd < 0:   # (run_job called outside the command: nothing to capture)
+        return
+    _flush_standard_streams()
+    os.ftruncate(_Capture.fd, 0)
+    os.dup2(_Capture.fd, 1)
+    os.dup2(_Capture.fd, 2)
+
+
+def _end_capture() -> str:
+    if _Capture.fd < 0:
+        return ""
+    _flush_standard_streams()
+    os.dup2(_Capture.stderr, 1)
+    os.dup2(_Capture.stderr, 2)
+    return read_capture(_Capture.fd)
+
+
+def read_capture(fd: int) -> str:
+    size = os.fstat(fd).st_size
+    return os.pread(fd, size, 0).decode("utf-8", "backslashreplace") if size else ""
 
 
 def render(value: Any, as_json: bool) -> str:
-    """The text of a result: JSON (what JSON cannot hold as its ``repr`` string), or
-    ``str(value)`` with ``None`` as the empty string."""
-    if as_json:
-        return to_json(value)
-    return "" if value is None else str(value)
+    """The text of a result: JSON, or ``str(value)`` with ``None`` as the empty string.
+    What cannot be rendered so is rendered by ``repr``: the input succeeded."""
+    try:
+        if as_json:
+            return to_json(value)
+        return "" if value is None else str(value)
+    except Exception:
+        text = _repr(value)
+        return to_json(text) if as_json else text
 
 
 def to_json(value: Any) -> str:
-    """JSON text, non-ASCII characters as themselves; but a string holding bytes that were
-    not UTF-8 (lone surrogates, from ``surrogateescape``) is escaped (``\\udcff``), so the
-    line stays valid UTF-8 and the bytes can be recovered."""
-    text = json.dumps(value, default=repr, ensure_ascii=False)
+    """Strict JSON text, non-ASCII characters as themselves. A string holding bytes that
+    were not UTF-8 (lone surrogates, from ``surrogateescape``) is escaped (``\\udcff``), so
+    the line stays valid UTF-8 and the bytes can be recovered; NaN and infinities, which
+    JSON lacks, raise (``render`` then falls back to the ``repr``)."""
+    text = json.dumps(value, default=_repr, ensure_ascii=False, allow_nan=False)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        return json.dumps(value, default=repr)
+        return json.dumps(value, default=_repr, allow_nan=False)
     return text
+
+
+def _repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception:
+        return f"<{type(value).__name__} object that cannot be shown>"
 
 
 def summary(exc: BaseException) -> str:

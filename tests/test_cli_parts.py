@@ -81,7 +81,7 @@ def test_json_lines_are_objects_with_the_value_or_the_error():
     import json
     assert json.loads(json_result(3, "x", "[1, 2]")) == {
         "seq": 3, "input": "x", "ok": True, "value": [1, 2]}
-    failure = Failure("died", "WorkerDied", "WorkerDied: ...", "", "0", "SIGSEGV", "42")
+    failure = Failure("died", "WorkerDied", "WorkerDied: ...", "", 0, "SIGSEGV", 42)
     assert json.loads(json_failure(4, "y", failure))["error"] == {
         "type": "WorkerDied", "message": "WorkerDied: ...", "kind": "died", "exitcode": 0,
         "signal": "SIGSEGV", "pid": 42}
@@ -90,9 +90,9 @@ def test_json_lines_are_objects_with_the_value_or_the_error():
 def test_the_joblog_reads_back_what_it_wrote_last_entry_winning(tmp_path):
     path = tmp_path / "log"
     log = Joblog(open(path, "w"), write_header=True)
-    log.write(Entry(1, 0.0, 0.5, "error", "1", "-", "7", 1, "KeyError", "a\tb"))
-    log.write(Entry(2, 0.0, 0.5, "ok", "0", "-", "7", 1, "", "c"))
-    log.write(Entry(1, 0.0, 0.5, "ok", "0", "-", "8", 2, "", "a\tb"))
+    log.write(Entry(1, 0.0, 0.5, "error", 1, None, 7, 1, "KeyError", "a\tb"))
+    log.write(Entry(2, 0.0, 0.5, "ok", 0, None, 7, 1, "", "c"))
+    log.write(Entry(1, 0.0, 0.5, "ok", 0, None, 8, 2, "", "a\tb"))
     log.close()
     assert path.read_text().splitlines()[0] == "\t".join(HEADER)
     finished = read_joblog(str(path))
