@@ -63,7 +63,7 @@ class Joblog:
             try:
                 self._put("\t".join(HEADER))
             except JoblogError:
-                stream.close()
+                _close(stream)
                 raise
 
     @classmethod
@@ -94,10 +94,14 @@ class Joblog:
             raise JoblogError(f"cannot write the job log: {exc.strerror or exc}") from exc
 
     def close(self) -> None:
-        try:
-            self._stream.close()
-        except OSError:
-            pass  # (what could not be written was reported when it was written)
+        _close(self._stream)
+
+
+def _close(stream: IO[str]) -> None:
+    try:
+        stream.close()
+    except OSError:
+        pass  # (what could not be written was reported when it was written)
 
 
 def _or_dash(number: int | None) -> str:
@@ -139,10 +143,10 @@ def read_joblog(path: str) -> dict[int, Finished]:
                 raise JoblogError(f"{path} is not a job log of python -m pool map "
                                   f"(its first line is not the header)")
             for number, line in enumerate(stream, start=2):
-                fields = line.rstrip("\n").split("\t")
+                if not line.endswith("\n"):
+                    break  # the last line of a run killed while writing it: not finished
+                fields = line[:-1].split("\t")
                 if len(fields) != len(HEADER) or not fields[0].isdigit():
-                    if not line.endswith("\n"):
-                        break  # the last line of a run that was killed while writing it
                     raise JoblogError(f"{path}, line {number}: not a job log entry")
                 finished[int(fields[0])] = Finished(fields[3] == "ok", fields[-1])
     except OSError as exc:

@@ -14,7 +14,7 @@ Guarantees:
 - Signals are events. SIGINT, SIGTERM and SIGHUP end the run at the loop's next turn (within
   ``_CHORES_SECONDS``), so no exception lands inside the pool's code or ours (DESIGN,
   contract 9). A second one raises ``StopRequested`` wherever the main thread is: the way
-  out of a write to a pipe nobody reads.
+  out of a write to a pipe nobody reads (the lines not yet written are then lost).
 - Every way out, a bug of ours included, leaves no worker running: ending early terminates
   the workers and waits until they are reaped (``ProcessPool.terminate_workers``).
 
@@ -149,6 +149,7 @@ class Run:
         self.eof = False
         self.halting = False
         self.signum = 0
+        self.forced = False                            # a second signal: end, write nothing
         self.progress = (output.Progress(stderr, tty=_isatty(stderr), interval=3.0)
                          if options.progress and stderr is not None else None)
         self.pool: ProcessPool | None = None
@@ -196,6 +197,7 @@ class Run:
         except (StopRequested, KeyboardInterrupt):
             end = End.SIGNAL
             self.signum = self.signum or signal.SIGINT
+            self.forced = True
         except BaseException as exc:
             end = self._end_of(exc)
         finally:
@@ -243,7 +245,9 @@ class Run:
                 self.pool.shutdown(wait=True)
             else:
                 self.pool.terminate_workers(wait=True)
-        if end not in (End.OUTPUT_CLOSED, End.OUTPUT_FAILED):
+        if self.forced:   # (writing may be what blocked: the lines not written are lost)
+            self.lines.abandon()
+        elif end not in (End.OUTPUT_CLOSED, End.OUTPUT_FAILED):
             try:
                 if end is not End.JOBLOG:
                     self._drain_finished()

@@ -182,3 +182,15 @@ def flaky_death(text: str) -> str:
         _touch(marker)
         os._exit(4)
     return text
+
+
+def last_words(text: str) -> str:
+    """Prints through Python and through descriptor 1, then its worker dies: ``segv``
+    segfaults, ``kill`` is SIGKILLed, anything else returns."""
+    print(f"last words {text}", flush=True)
+    os.write(1, f"fd words {text}\n".encode())
+    if text == "segv":
+        segfault()
+    if text == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return text

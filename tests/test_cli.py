@@ -1011,3 +1011,157 @@ def test_ctrl_c_at_any_moment_of_a_busy_run_ends_it(tmp_path):
             producer.wait()
             cli.stdout.close()
             cli.stderr.close()
+
+
+# -- what can go wrong around the run ----------------------------------------------------------
+
+def test_what_an_input_printed_before_its_worker_died_is_on_stderr():
+    proc = run_map("-j", "2", "cli_functions:last_words", "segv", "kill", "fine")
+    assert proc.rc == 2, proc.err
+    lines = proc.out.splitlines()
+    assert lines[0].startswith("!WorkerDied") and "SIGSEGV" in lines[0]
+    assert lines[1].startswith("!WorkerDied") and "SIGKILL" in lines[1]
+    assert lines[2] == "fine"
+    for text in ("segv", "kill", "fine"):
+        assert f"last words {text}" in proc.err and f"fd words {text}" in proc.err, proc.err
+    # The crash report shows the user's frames, not the command's own machinery.
+    assert "last_words" in proc.err and "_cli_task.py" not in proc.err, proc.err
+
+
+def _shell(command: str, **kwargs) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True,
+                          timeout=60, cwd=str(TESTS_DIR), **kwargs)
+
+
+def test_a_closed_standard_error_loses_only_the_messages():
+    proc = _shell(f"{sys.executable} -m pool map -j 2 --progress cli_functions:act "
+                  f"a fail1 b 2>&-")
+    assert proc.returncode == 1
+    assert proc.stdout == "a\n!ValueError: failed on fail1\nb\n"
+
+
+def test_a_closed_standard_output_is_a_usage_error():
+    proc = _shell(f"{sys.executable} -m pool map builtins:len a >&-")
+    assert proc.returncode == 255
+    assert "standard output is closed" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_closed_standard_input_is_a_usage_error():
+    proc = _shell(f"{sys.executable} -m pool map builtins:len <&-")
+    assert proc.returncode == 255
+    assert "standard input is closed" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_standard_output_on_a_full_device_exits_255_and_says_why():
+    with open("/dev/full", "wb") as full:
+        proc = subprocess.run([*MAP, "-j", "2", "builtins:len", "a", "bb"], stdout=full,
+                              stderr=subprocess.PIPE, timeout=60, cwd=str(TESTS_DIR))
+    err = proc.stderr.decode()
+    assert proc.returncode == 255, err
+    assert "cannot write standard output: No space left on device" in err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+
+
+def test_output_to_a_pipe_closed_before_the_first_line_exits_141_quietly():
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([*MAP, "-j", "2", "builtins:len", "a", "bb"], stdout=write_end,
+                              stderr=subprocess.PIPE, timeout=60, cwd=str(TESTS_DIR))
+    finally:
+        os.close(write_end)
+    err = proc.stderr.decode()
+    assert proc.returncode == 141, err
+    assert err == "", err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_job_log_that_cannot_be_written_is_a_usage_error():
+    proc = run_map("--joblog", "/dev/full", "builtins:len", "a")
+    assert proc.rc == 255
+    assert "cannot write the job log" in proc.err and "Traceback" not in proc.err
+    assert proc.out == ""
+
+
+def test_resume_after_a_run_killed_while_writing_its_log_appends_whole_lines(tmp_path):
+    log = tmp_path / "log"
+    first = run_map("-j", "1", "--joblog", str(log), "builtins:len", "a", "bb")
+    assert first.rc == 0
+    log.write_text(log.read_text()[:-3])          # the last entry torn mid-line
+    proc = run_map("--joblog", str(log), "--resume", "builtins:len", "a", "bb", "ccc")
+    assert proc.rc == 0, proc.err
+    assert proc.out == "2\n3\n"                   # the torn entry did not count
+    lines, entries = read_joblog(log)             # (every line whole: ten fields)
+    assert sorted(entries) == [1, 2, 3]
+
+
+@pytest.mark.timeout(90)
+def test_an_internal_error_stops_the_workers_and_exits_255(tmp_path):
+    inject = ("import sys, pool._cli_run as run\n"
+              "def broken(*args): raise RuntimeError('injected fault')\n"
+              "run.Run._record_ok = broken\n"
+              "from pool._cli import main\n"
+              "sys.exit(main(sys.argv[1:]))\n")
+    proc = subprocess.Popen([sys.executable, "-c", inject, "map", "-j", "2",
+                             "cli_functions:act", "sleep60", "a"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, cwd=str(TESTS_DIR),
+                            env=env_for(tmp_path), start_new_session=True)
+    try:
+        sleeper = pid_in(tmp_path / "pid-sleep60")
+        out, err = proc.communicate(timeout=QUICK)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    text = err.decode()
+    assert proc.returncode == 255, text
+    assert "internal error" in text and "RuntimeError: injected fault" in text, text
+    assert not process_exists(sleeper)
+    assert wait_until(lambda: not session_members(proc.pid), 10)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/wchan"), reason="needs Linux /proc")
+@pytest.mark.timeout(90)
+def test_a_second_signal_stops_a_run_stuck_writing_to_a_full_pipe(command, tmp_path):
+    """Nobody reads the output and the pipe is full: the main thread is blocked in a write
+    and cannot answer the first signal; the second ends the run."""
+    cmd = command("-j", "2", "--unordered", "builtins:str", stdin=subprocess.PIPE)
+    line = b"x" * 4000 + b"\n"
+    writer = threading.Thread(target=_feed, args=(cmd.proc.stdin, line, 400), daemon=True)
+    writer.start()                                 # 1.6 MB of output: more than a pipe holds
+    assert wait_until(lambda: _blocked_writing(cmd.proc.pid), 30), cmd.stderr()
+    os.kill(cmd.proc.pid, signal.SIGTERM)
+    # (Sent at once, the second would merge with the first while that is pending.)
+    assert wait_until(lambda: _handled(cmd.proc.pid, signal.SIGTERM), 30)
+    os.kill(cmd.proc.pid, signal.SIGTERM)
+    rc, _ = cmd.wait(QUICK)
+    assert rc == 128 + signal.SIGTERM, cmd.stderr()
+    assert "Traceback" not in cmd.stderr()
+    assert cmd.session_left() == []
+
+
+def _feed(stream, line: bytes, times: int) -> None:
+    try:
+        for _ in range(times):
+            stream.write(line)
+        stream.close()
+    except OSError:
+        pass
+
+
+def _handled(pid: int, signum: int) -> bool:
+    """The signal is no longer pending and the main thread is back in its write: the
+    handler has run (the write is retried only after it)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    pending = int(re.search(r"^ShdPnd:\s*([0-9a-f]+)", status, re.M).group(1), 16)
+    return not pending & (1 << (signum - 1)) and _blocked_writing(pid)
+
+
+def _blocked_writing(pid: int) -> bool:
+    """The process's main thread is asleep in a write (pipe_write, on Linux)."""
+    try:
+        return "pipe_w" in Path(f"/proc/{pid}/wchan").read_text()   # (names vary by kernel)
+    except OSError:
+        return False
