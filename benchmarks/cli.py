@@ -5,7 +5,7 @@ Usage::
     python benchmarks/cli.py [--inputs 200] [--workers 2] [--rounds 3] [--work-ms 0 5]
 
 The job: call a Python function on each input (the lines of ``seq 1 N``) and collect one
-output line per input. ``xargs -P W -n 1`` and ``parallel -j W`` start an interpreter per
+output line per input. ``xargs -P W -n 1`` and ``parallel -k -j W`` start an interpreter per
 input (that is how they run Python code); ``pool map`` starts W workers once. Each tool
 runs the same inputs in the same round, the order rotating from round to round, so a noisy
 machine hurts them alike; the table gives the median wall time over the rounds, min-max,
@@ -50,7 +50,8 @@ def _tools(task_dir: str, workers: int) -> dict[str, list[str]]:
         "xargs -P": ["xargs", "-P", str(workers), "-n", "1", sys.executable, script],
     }
     if shutil.which("parallel"):
-        tools["GNU parallel"] = ["parallel", "-j", str(workers), sys.executable, script, "{}"]
+        tools["GNU parallel"] = ["parallel", "-k", "-j", str(workers), sys.executable, script,
+                                 "{}"]
     return tools
 
 
@@ -89,7 +90,7 @@ def main() -> None:
             names = list(tools)
             for round_ in range(options.rounds):
                 for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-                    # pool map and parallel keep input order; xargs -P does not.
+                    # pool map and parallel -k keep input order; xargs -P does not.
                     times[name].append(_run(tools[name], inputs, expected,
                                             ordered=name != "xargs -P"))
         base = statistics.median(times["pool map"])

@@ -20,7 +20,7 @@ from typing import Any, Callable, NoReturn, Sequence
 
 from . import __version__
 from ._cli_inputs import counter, read_inputs, records_of, records_of_arguments
-from ._cli_joblog import Joblog, JoblogError, read_joblog
+from ._cli_joblog import Joblog, JoblogError, Resume, read_joblog
 from ._cli_run import RETRY_KINDS, End, Halt, Options, Outcome, Run
 
 # Exit statuses of ``map`` (GNU parallel's convention, plus the shell's for signals).
@@ -168,15 +168,19 @@ def _parser() -> argparse.ArgumentParser:
 Calls FUNCTION on each input, in a pool of worker processes, and prints one line per
 input on standard output, in input order: the result (str(); None prints an empty line;
 line breaks inside it as \\n), or for a failed input a line that starts with "!" and
-names the error (a result that starts with "!" is printed as "\\!..."). Standard output
-holds results only: what the function prints goes to standard error, grouped per
-input, with each failure's traceback. A worker that dies (segfault, os._exit, SIGKILL)
-fails only its input.
+names the error (a result that starts with "!" is printed as "\\!..."; the plain form
+is for reading and grep: use --json to recover results exactly). Standard output holds
+results only: what the function prints goes to standard error, grouped per input, with
+each failure's traceback. A worker that dies (segfault, os._exit, SIGKILL) fails only
+its input. An input stopped by --halt now or a signal gets no line (it did not finish).
 
 Inputs are the INPUT arguments, or the lines of FILE (-a) or standard input, read as
 the run goes (a pipeline streams). A line is passed as one string argument, without
 its line ending (\\n or \\r\\n); a blank line is an input too (the empty string), so
-output lines stay aligned with input lines.""",
+output lines stay aligned with input lines.
+
+Ctrl-C, SIGTERM and SIGHUP stop the run: every worker is ended, the lines of what
+finished are written, and one line on standard error says what was left.""",
         epilog=EXIT_STATUS_HELP + """
 examples:
   seq 1 100 | python -m pool map math:factorial --unordered
@@ -242,8 +246,9 @@ examples:
     tuning.add_argument("-j", "--jobs", "--workers", dest="workers", type=_positive_int,
                         metavar="N", help="worker processes (default: the CPUs available)")
     tuning.add_argument("--chunksize", type=_positive_int, default=1, metavar="N",
-                        help="send N inputs per task: less overhead for tiny inputs; a "
-                             "worker death or timeout then fails its whole chunk")
+                        help="send N inputs per task: one per task runs about 9,000 "
+                             "inputs/s on 2 cores, chunks of 100 several times more; a worker "
+                             "death or timeout then fails its whole chunk")
     tuning.add_argument("--read-ahead", type=_positive_int, metavar="N",
                         help="inputs read ahead of the output (default: 1000, or 4 per "
                              "worker per chunk if more)")
@@ -322,7 +327,9 @@ def _map(args: argparse.Namespace) -> int:
                     if args.start_method else None),
         as_json=args.json, tag=args.tag, unordered=args.unordered, progress=args.progress,
         timeout=args.timeout, retries=args.retries, retry_on=args.retry_on, halt=args.halt,
-        joblog=joblog, resume=resumed, resume_failed=args.resume_failed,
+        joblog=joblog,
+        resume=(Resume(resumed, rerun_failed=args.resume_failed) if resumed is not None
+                else None),
         window=args.read_ahead or max(1000, 4 * workers * args.chunksize),
         capture_directory=capture_directory)
     # Buffered whatever PYTHONUNBUFFERED says: the run flushes whenever it would wait.
@@ -349,8 +356,8 @@ def _exit_status(outcome: Outcome) -> int:
     """The status, and for a run stopped by a signal the line that says so (the other
     early ends were explained by the run)."""
     if outcome.end is End.SIGNAL:
-        counts = (f"{outcome.ok} ok, {outcome.failed} failed, {outcome.not_finished} read "
-                  f"but not finished")
+        counts = (f"{outcome.ok} ok, {outcome.failed} failed, {outcome.not_finished} not "
+                  f"finished")
         if outcome.signum == signal.SIGINT:
             _say(f"pool map: interrupted ({counts})")
             return EXIT_INTERRUPTED

@@ -133,6 +133,26 @@ class Finished(NamedTuple):
     escaped_input: str
 
 
+class Resume:
+    """What ``--resume`` (or, with ``rerun_failed``, ``--resume-failed``) skips."""
+
+    def __init__(self, finished: dict[int, Finished], *, rerun_failed: bool) -> None:
+        self._finished = finished
+        self._rerun_failed = rerun_failed
+
+    def skips(self, seq: int, text: str) -> bool:
+        """Whether input ``seq`` finished in the logged run and is not to run again.
+        Raises JoblogError if the log says that input was another."""
+        finished = self._finished.get(seq)
+        if finished is None:
+            return False
+        if finished.escaped_input != escape(text):
+            raise JoblogError(
+                f"the job log was written for other inputs: input {seq} is "
+                f"{escape(text)!r} here, {finished.escaped_input!r} in the log")
+        return finished.ok or not self._rerun_failed
+
+
 def read_joblog(path: str) -> dict[int, Finished]:
     """Seq → its last logged outcome. Raises JoblogError for a file that is not a job log."""
     finished: dict[int, Finished] = {}

@@ -15,7 +15,8 @@ import time
 from typing import IO, Any, Callable, NamedTuple
 
 from ._cli_joblog import escape
-from ._cli_task import to_json
+from ._cli_task import summary, to_json
+from ._errors import TaskTimeout, WorkerDied, describe_exit
 
 
 class Failure(NamedTuple):
@@ -27,6 +28,33 @@ class Failure(NamedTuple):
     exitcode: int | None = None   # 1 for an exception (as ``python`` exits), a death's code
     signal: str | None = None     # "SIGSEGV"; "SIGKILL" for a timeout
     pid: int | None = None
+
+
+def failure_of(error: BaseException) -> Failure:
+    """A pool-level failure (the whole job failed) in the output's terms."""
+    if isinstance(error, WorkerDied):
+        code = None if error.exitcode is None else max(error.exitcode, 0)
+        return Failure("died", "WorkerDied",
+                              f"WorkerDied: worker pid {error.pid} died "
+                              f"({describe_exit(error.exitcode)})",
+                              without_our_frames(error.crash_report or ""), code,
+                              error.signal_name, error.pid)
+    if isinstance(error, TaskTimeout):
+        where = ("Where it was when the time ran out:\n"
+                 + without_our_frames(error.stack).rstrip()
+                 if error.stack else "(the worker did not write its stack in time)")
+        return Failure("timeout", "TaskTimeout",
+                              f"TaskTimeout: ran longer than {error.timeout:g} s "
+                              f"(worker pid {error.pid} killed)",
+                              where, None, "SIGKILL", error.pid)
+    return Failure("error", type(error).__name__, summary(error), str(error))
+
+
+def without_our_frames(stack: str) -> str:
+    """A worker's stack without the frames of the code that calls the user's function,
+    which say nothing about the input."""
+    return "".join(line for line in stack.splitlines(keepends=True)
+                   if "_cli_task.py" not in line)
 
 
 def one_line(text: str) -> str:
@@ -79,12 +107,12 @@ class Progress:
     def elapsed(self) -> float:
         return self._clock() - self._started
 
-    def tick(self, ok: int, failed: int, running: int, total: int | None) -> None:
+    def tick(self, ok: int, failed: int, in_flight: int, total: int | None) -> None:
         now = self._clock()
         if now - self._last < self._interval:
             return
         self._last = now
-        line = self.describe(ok, failed, running, total, now - self._started)
+        line = self.describe(ok, failed, in_flight, total, now - self._started)
         if self._tty:
             self._stream.write("\r\x1b[K" + line)
             self._drawn = True
@@ -100,12 +128,13 @@ class Progress:
             self._last = -math.inf
 
     @staticmethod
-    def describe(ok: int, failed: int, running: int, total: int | None,
+    def describe(ok: int, failed: int, in_flight: int, total: int | None,
                  elapsed: float) -> str:
+        """``in_flight``: inputs handed to the pool, running or waiting for a worker."""
         done = ok + failed
         rate = done / elapsed if elapsed > 0 else 0.0
         of = f"/{total}" if total is not None else ""
-        parts = [f"{done}{of} done", f"{failed} failed", f"{running} running",
+        parts = [f"{done}{of} done", f"{failed} failed", f"{in_flight} in flight",
                  f"{rate:.1f}/s"]
         if total is not None and rate > 0:
             parts.append(f"ETA {_clock_time((total - done) / rate)}")
@@ -119,10 +148,12 @@ class Progress:
         return text
 
 
-def summary_line(ok: int, failed: int, elapsed: float, not_run: int = 0) -> str:
+def summary_line(ok: int, failed: int, elapsed: float, not_finished: int = 0) -> str:
+    """``not_finished``: inputs read (ahead, waiting or running) that the run's early end
+    left without an outcome."""
     text = f"{ok} ok, {failed} failed"
-    if not_run:
-        text += f", {not_run} not run"
+    if not_finished:
+        text += f", {not_finished} not finished"
     return f"{text}, {elapsed:.1f} s"
 
 

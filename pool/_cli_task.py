@@ -1,12 +1,13 @@
 """What ``python -m pool map`` runs in a worker: the user's function over one job's inputs.
 
 Runs in: a worker process (``setup_worker`` as the pool's initializer, ``run_job`` as the
-task). Guarantees: the worker never writes to the command's standard output, which carries
+task), except ``take_capture``, which the command calls when a worker was lost.
+Guarantees: the worker never writes to the command's standard output, which carries
 results only. While an input runs, file descriptors 1 and 2 point at the worker's capture
 file (in a directory the command made), so everything the function prints, through
 ``sys.stdout``, C code or a child process, is kept with that input; ``sys.stdout.fileno()``
 works. The capture is read back into the input's report; if the worker dies or is killed
-mid-input, the command reads the file itself (``capture_path``), so the output that led to
+mid-input, the command reads the file itself (``take_capture``), so the output that led to
 a crash is not lost. Between inputs, 1 and 2 are the command's standard error.
 
 An exception is reported, not raised, so the other inputs of a chunk still run. The value
@@ -108,6 +109,26 @@ def _end_capture() -> str:
     os.dup2(_Capture.stderr, 1)
     os.dup2(_Capture.stderr, 2)
     return read_capture(_Capture.fd)
+
+
+def take_capture(directory: str, pid: int) -> str:
+    """The command's side: what the input running in worker ``pid`` had printed when the
+    worker was lost; the file is then removed."""
+    path = capture_path(directory, pid)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return ""
+    try:
+        return read_capture(fd)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def read_capture(fd: int) -> str:

@@ -261,8 +261,10 @@ class CallbackRunner:
                 oldest = min(self._running_since.values(), default=math.inf)
                 if not self._warned and time.monotonic() - oldest >= BLOCKED_CALLBACK_SECONDS:
                     self._warned = True
-                    logger.warning("%s: %d done-callbacks are blocked; later callbacks wait "
-                                   "for one of them to return", self._name, len(self._threads))
+                    logger.warning("%s: all %d callback threads are busy and one "
+                                   "done-callback has run for %.0f s or more; later "
+                                   "callbacks wait for a thread to be free", self._name,
+                                   len(self._threads), BLOCKED_CALLBACK_SECONDS)
                 return
             # Daemons: a callback that never returns must not keep the interpreter alive.
             thread = threading.Thread(target=self._run, daemon=True,

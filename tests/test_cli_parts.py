@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 
 import pytest
 
-from pool._cli_inputs import count, parse, read_inputs, records_of
+from pool._cli_inputs import count, counter, parse, read_inputs, records_of
+from pool._cli_lines import Lines, OutputClosed, OutputFailed, Window
 from pool._cli_joblog import HEADER, Entry, Joblog, JoblogError, escape, read_joblog
 from pool._cli_output import (Failure, Progress, json_failure, json_result, plain_failure,
                               plain_result, summary_line, tagged)
@@ -129,17 +131,82 @@ def test_progress_draws_a_bar_on_a_terminal_and_lines_elsewhere():
     stream = io.StringIO()
     bar = Progress(stream, tty=True, interval=3.0, clock=lambda: now[0])
     now[0] = 2.0
-    bar.tick(ok=9, failed=1, running=2, total=20)
+    bar.tick(ok=9, failed=1, in_flight=2, total=20)
     assert stream.getvalue() == ("\r\x1b[K[##########..........] 10/20 done, 1 failed, "
-                                 "2 running, 5.0/s, ETA 0:02")
+                                 "2 in flight, 5.0/s, ETA 0:02")
     bar.clear()
     assert stream.getvalue().endswith("\r\x1b[K")
     plain = io.StringIO()
     lines = Progress(plain, tty=False, interval=3.0, clock=lambda: now[0])
     now[0] = 3.0
-    lines.tick(ok=1, failed=0, running=1, total=None)   # only 1 s since it started
+    lines.tick(ok=1, failed=0, in_flight=1, total=None)   # only 1 s since it started
     assert plain.getvalue() == ""
     now[0] = 5.5
-    lines.tick(ok=1, failed=0, running=1, total=None)
-    assert plain.getvalue() == "1 done, 0 failed, 1 running, 0.3/s, ETA ?\n"
-    assert summary_line(5, 1, 2.25, not_run=3) == "5 ok, 1 failed, 3 not run, 2.2 s"
+    lines.tick(ok=1, failed=0, in_flight=1, total=None)
+    assert plain.getvalue() == "1 done, 0 failed, 1 in flight, 0.3/s, ETA ?\n"
+    assert summary_line(5, 1, 2.25, not_finished=3) == "5 ok, 1 failed, 3 not finished, 2.2 s"
+
+
+def test_records_split_in_linear_time_and_across_blocks():
+    long = b"x" * 300_000                        # one record over several 64 KiB blocks
+    assert records(long + b"\n" + b"y\n" * 50_000) == [long] + [b"y"] * 50_000
+
+
+def test_the_counter_counts_from_where_reading_was_when_it_was_made(tmp_path):
+    path = tmp_path / "inputs"
+    path.write_bytes(b"a\nb\nc\nd")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.read(fd, 2)                       # "a" was read before
+        counting = counter(fd, nul=False, jsonl=False)
+        assert counting is not None
+        os.read(fd, 4)                       # the reader goes on meanwhile
+        assert counting() == 3
+    finally:
+        os.close(fd)
+    read_end, write_end = os.pipe()
+    try:
+        assert counter(read_end, nul=False, jsonl=False) is None    # a pipe: no total
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_the_window_holds_the_reader_at_its_size_until_a_place_is_given_back():
+    window = Window(2)
+    assert window.take() and window.take()
+    taken = threading.Event()
+    reader = threading.Thread(target=lambda: window.take() and taken.set(), daemon=True)
+    reader.start()
+    assert not taken.wait(0.5)               # full: the reader waits
+    window.give_back()
+    assert taken.wait(10)
+    reader.join(10)
+    window.stopped = True                    # stopped: take says so at once, full or not
+    assert not window.take()
+
+
+def test_lines_keep_input_order_and_write_the_rest_past_the_gaps_at_an_early_end():
+    stream = io.BytesIO()
+    lines = Lines(stream, Window(10), ordered=True)
+    lines.put(2, "two")
+    assert stream.getvalue() == b""          # waits for line 1
+    lines.put(1, "one")
+    lines.put(3, None)                       # (an input with no line: resumed past)
+    lines.put(5, "five")
+    assert stream.getvalue() == b"one\ntwo\n"
+    lines.put_the_rest()
+    lines.flush()
+    assert stream.getvalue() == b"one\ntwo\nfive\n"
+
+
+def test_a_closed_pipe_and_a_full_device_are_the_two_output_errors():
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    with open(write_end, "wb", buffering=0) as closed:
+        with pytest.raises(OutputClosed):
+            Lines(closed, Window(10), ordered=False).put(1, "x")
+    if os.path.exists("/dev/full"):
+        with open("/dev/full", "wb", buffering=0) as full:
+            with pytest.raises(OutputFailed, match="No space left"):
+                Lines(full, Window(10), ordered=False).put(1, "x")
