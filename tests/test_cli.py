@@ -914,8 +914,8 @@ def test_a_closed_output_pipe_in_a_shell_pipeline(tmp_path):
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
 
 
-def start_sleepers(command, tmp_path: Path) -> tuple[Command, list[int]]:
-    cmd = command("-j", "2", "cli_functions:act", "sleep60", "sleep61", "sleep62",
+def start_sleepers(command, tmp_path: Path, *options: str) -> tuple[Command, list[int]]:
+    cmd = command("-j", "2", *options, "cli_functions:act", "sleep60", "sleep61", "sleep62",
                   env=env_for(tmp_path))
     return cmd, [pid_in(tmp_path / "pid-sleep60"), pid_in(tmp_path / "pid-sleep61")]
 
@@ -932,9 +932,10 @@ def assert_ended_cleanly(cmd: Command, sleepers: list[int], status: int, words: 
     assert cmd.session_left() == []
 
 
+@pytest.mark.parametrize("method", START_METHODS)
 @pytest.mark.timeout(90)
-def test_ctrl_c_stops_the_run_with_130(command, tmp_path):
-    cmd, sleepers = start_sleepers(command, tmp_path)
+def test_ctrl_c_stops_the_run_with_130(command, tmp_path, method):
+    cmd, sleepers = start_sleepers(command, tmp_path, "--start-method", method)
     os.kill(cmd.proc.pid, signal.SIGINT)        # the command alone: not its workers
     assert_ended_cleanly(cmd, sleepers, 130, "interrupted")
 
@@ -960,10 +961,14 @@ def test_a_second_ctrl_c_during_the_teardown_is_ignored(command, tmp_path):
     assert_ended_cleanly(cmd, sleepers, 130, "interrupted")
 
 
+@pytest.mark.parametrize("method", START_METHODS)
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
 @pytest.mark.timeout(90)
-def test_sigterm_and_sighup_stop_the_run_with_128_plus_the_signal(command, tmp_path, signum):
-    cmd, sleepers = start_sleepers(command, tmp_path)
+def test_sigterm_and_sighup_stop_the_run_with_128_plus_the_signal(command, tmp_path, signum,
+                                                                   method):
+    # (Under fork the workers start with the command's own handlers: they must still die
+    # of the SIGTERM that ends them.)
+    cmd, sleepers = start_sleepers(command, tmp_path, "--start-method", method)
     os.kill(cmd.proc.pid, signum)
     assert_ended_cleanly(cmd, sleepers, 128 + signum, signum.name)
 
@@ -1015,8 +1020,10 @@ def test_ctrl_c_at_any_moment_of_a_busy_run_ends_it(tmp_path):
 
 # -- what can go wrong around the run ----------------------------------------------------------
 
-def test_what_an_input_printed_before_its_worker_died_is_on_stderr():
-    proc = run_map("-j", "2", "cli_functions:last_words", "segv", "kill", "fine")
+@pytest.mark.parametrize("method", START_METHODS)
+def test_what_an_input_printed_before_its_worker_died_is_on_stderr(method):
+    proc = run_map("-j", "2", "--start-method", method, "cli_functions:last_words", "segv",
+                   "kill", "fine")
     assert proc.rc == 2, proc.err
     lines = proc.out.splitlines()
     assert lines[0].startswith("!WorkerDied") and "SIGSEGV" in lines[0]
@@ -1165,3 +1172,16 @@ def _blocked_writing(pid: int) -> bool:
         return "pipe_w" in Path(f"/proc/{pid}/wchan").read_text()   # (names vary by kernel)
     except OSError:
         return False
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_while_the_function_is_being_imported(command, tmp_path):
+    script = tmp_path / "slow_import.py"
+    script.write_text("import os, pathlib, time\n"
+                      "pathlib.Path(os.environ['CLI_TEST_DIR'], 'importing').touch()\n"
+                      "time.sleep(60)\n"
+                      "def f(text):\n    return text\n")
+    cmd = command("-j", "2", f"{script}:f", "a", env=env_for(tmp_path))
+    assert wait_until((tmp_path / "importing").exists, 30), cmd.stderr()
+    os.kill(cmd.proc.pid, signal.SIGINT)
+    assert_ended_cleanly(cmd, [], 130, "interrupted")
