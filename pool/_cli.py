@@ -9,14 +9,16 @@ function, opening the input and the job log, and the exit status; the run itself
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import multiprocessing
 import os
 import shutil
 import signal
+import stat
 import sys
 import tempfile
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 from . import __version__
 from ._cli_inputs import counter, read_inputs, records_of, records_of_arguments
@@ -45,6 +47,9 @@ exit status:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
+        if message.endswith("expected one argument"):
+            # (-0 is an option, so argparse takes "-3" for one too, not for a value)
+            message += " (negative numbers are not valid values)"
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
@@ -56,10 +61,11 @@ def _load_function(spec: str) -> Callable[..., Any]:
         raise argparse.ArgumentTypeError(
             f"expected MODULE:FUNCTION or PATH.py:FUNCTION, got {spec!r}")
     try:
-        if module_name.endswith(".py") or os.sep in module_name:
-            target: Any = _import_script(module_name)
-        else:
-            target = importlib.import_module(module_name)
+        with _stdout_to_stderr():   # standard output is for results only
+            if module_name.endswith(".py") or os.sep in module_name:
+                target: Any = _import_script(module_name)
+            else:
+                target = importlib.import_module(module_name)
         for part in attribute.split("."):
             target = getattr(target, part)
     except argparse.ArgumentTypeError:
@@ -70,6 +76,31 @@ def _load_function(spec: str) -> Callable[..., Any]:
     if not callable(target):
         raise argparse.ArgumentTypeError(f"{spec!r} is not callable")
     return target  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """While the user's module is imported: what it prints goes to standard error."""
+    if not (_is_open(1) and _is_open(2)):
+        yield
+        return
+    _flush_quietly(sys.stdout)
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        _flush_quietly(sys.stdout)
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _flush_quietly(stream: Any) -> None:
+    try:
+        if stream is not None:
+            stream.flush()
+    except Exception:
+        pass
 
 
 def _import_script(path: str) -> Any:
@@ -135,7 +166,8 @@ def _retry_kinds(text: str) -> frozenset[str]:
 def _halt(text: str) -> Halt:
     when, _, condition = text.partition(",")
     key, _, amount = condition.partition("=")
-    problem = f"expected now|soon,fail=N or now|soon,fail=P%, got {text!r}"
+    problem = (f"expected now|soon,fail=N (N at least 1) or now|soon,fail=P% (P above 0, "
+               f"at most 100), got {text!r}")
     if when not in ("now", "soon") or key != "fail":
         raise argparse.ArgumentTypeError(problem)
     try:
@@ -152,7 +184,8 @@ def _halt(text: str) -> Halt:
         raise argparse.ArgumentTypeError(problem) from None
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The command's parser, and its ``map`` subcommand's."""
     parser = _Parser(
         prog="python -m pool",
         description="A process pool where a worker's death fails one task, not the pool.")
@@ -163,6 +196,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--start-method", choices=multiprocessing.get_all_start_methods())
     run = commands.add_parser(
         "map", help="call a Python function on each input, in parallel",
+        usage="%(prog)s [options] MODULE:FUNCTION [INPUT ...]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="""\
 Calls FUNCTION on each input, in a pool of worker processes, and prints one line per
@@ -186,7 +220,7 @@ examples:
   seq 1 100 | python -m pool map math:factorial --unordered
   python -m pool map ./resize.py:resize -a images.txt --progress --joblog run.log
   python -m pool map ./resize.py:resize -a images.txt --joblog run.log --resume-failed
-  find . -name '*.json' -print0 | python -m pool map -0 json_tool:check --tag --halt now,fail=1
+  find . -name '*.json' -print0 | python -m pool map -0 ./check.py:check --tag --halt now,fail=1
 """)
     run.add_argument("function", type=_load_function, metavar="MODULE:FUNCTION",
                      help="an importable module's function (os.path:getsize), or a "
@@ -253,20 +287,49 @@ examples:
                         help="inputs read ahead of the output (default: 1000, or 4 per "
                              "worker per chunk if more)")
     tuning.add_argument("--start-method", choices=multiprocessing.get_all_start_methods())
-    return parser
+    return parser, run
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command; returns its exit status. A run stopped by a signal ends the
+    process by that signal instead (once everything is cleaned up), as Python does for
+    Ctrl-C: a calling shell then knows the user interrupted, and a loop stops too."""
     try:
-        parser = _parser()
-        args = parser.parse_args(argv)
-        if args.command == "demo":
-            from ._demo import run_demo
-            return run_demo(start_method=args.start_method)
-        return _map(args)
+        status = _command(argv)
     except KeyboardInterrupt:   # before the run took the signals over (importing, opening)
         _say("pool: interrupted")
-        return EXIT_INTERRUPTED
+        status = EXIT_INTERRUPTED
+    signum = _SIGNAL_OF_STATUS.get(status)
+    if signum is not None:
+        _die_by(signum)
+    return status
+
+
+# Statuses that stand for a signal (every other status the command uses is below 128,
+# 141 for a closed output pipe, or 255).
+_SIGNAL_OF_STATUS = {128 + signum: signum for signum in
+                     (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+
+
+def _command(argv: Sequence[str] | None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    parser, map_parser = _parser()
+    if arguments[:1] == ["map"]:
+        # Inputs may come before or after options (``map f --tag a b``, ``map f a --tag``).
+        return _map(map_parser.parse_intermixed_args(arguments[1:]))
+    args = parser.parse_args(arguments)
+    if args.command == "demo":
+        from ._demo import run_demo
+        return run_demo(start_method=args.start_method)
+    return _map(args)
+
+
+def _die_by(signum: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        _flush_quietly(stream)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})  # (if it was blocked: now)
 
 
 def _say(text: str) -> None:
@@ -291,6 +354,9 @@ def _map(args: argparse.Namespace) -> int:
         return _usage("give inputs as arguments or with -a FILE, not both")
     if (args.resume or args.resume_failed) and not args.joblog:
         return _usage("--resume and --resume-failed need --joblog FILE")
+    if args.tag and args.json:
+        return _usage("--tag and --json do not go together: each JSON object holds its "
+                      "input already")
     if sys.stdout is None or not _is_open(1):
         return _usage("standard output is closed: there is nowhere to write the results")
     workers = args.workers or _cpu_count()
@@ -306,6 +372,9 @@ def _map(args: argparse.Namespace) -> int:
                 fd = os.open(args.arg_file, os.O_RDONLY)
             except OSError as exc:
                 return _usage(f"cannot read {args.arg_file}: {exc.strerror}")
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                os.close(fd)
+                return _usage(f"cannot read {args.arg_file}: it is a directory")
         elif not _is_open(0):
             return _usage("standard input is closed: give inputs as arguments or with -a")
         records = records_of(fd, args.null)
@@ -332,11 +401,9 @@ def _map(args: argparse.Namespace) -> int:
                 else None),
         window=args.read_ahead or max(1000, 4 * workers * args.chunksize),
         capture_directory=capture_directory)
-    # Buffered whatever PYTHONUNBUFFERED says: the run flushes whenever it would wait.
-    stdout = open(1, "wb", buffering=1 << 16, closefd=False)
     try:
-        outcome = Run(options, read_inputs(records, args.jsonl), total, stdout,
-                      sys.stderr).run()
+        outcome = Run(options, read_inputs(records, args.jsonl), total, stdout_fd=1,
+                      stderr_fd=2 if sys.stderr is not None and _is_open(2) else None).run()
     finally:
         if joblog is not None:
             joblog.close()
@@ -353,15 +420,8 @@ def _is_open(fd: int) -> bool:
 
 
 def _exit_status(outcome: Outcome) -> int:
-    """The status, and for a run stopped by a signal the line that says so (the other
-    early ends were explained by the run)."""
+    """The status (the run has said on standard error why it ended early)."""
     if outcome.end is End.SIGNAL:
-        counts = (f"{outcome.ok} ok, {outcome.failed} failed, {outcome.not_finished} not "
-                  f"finished")
-        if outcome.signum == signal.SIGINT:
-            _say(f"pool map: interrupted ({counts})")
-            return EXIT_INTERRUPTED
-        _say(f"pool map: stopped by {signal.Signals(outcome.signum).name} ({counts})")
         return 128 + outcome.signum
     if outcome.end is End.OUTPUT_CLOSED:
         return EXIT_PIPE

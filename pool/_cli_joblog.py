@@ -25,7 +25,8 @@ pipe) did not finish: it is not logged, and ``--resume`` runs it again.
 
 from __future__ import annotations
 
-from typing import IO, NamedTuple
+import array
+from typing import IO, Iterator, NamedTuple
 
 HEADER = ("Seq", "Start", "Runtime", "Outcome", "Exitcode", "Signal", "Pid", "Attempts",
           "Error", "Input")
@@ -133,42 +134,105 @@ class Finished(NamedTuple):
     escaped_input: str
 
 
+# An entry's Seq beyond this many times its line number (plus read-ahead's worth) is not
+# from a run of this command: refused before it could make the tables below enormous.
+_SEQ_PER_LINE = 10
+_SEQ_SLACK = 10_000_000
+
+_NOT_LOGGED, _FAILED, _OK = 0, 1, 2
+
+
+class Logged:
+    """What a job log says finished, per Seq: its last outcome, a hash of its input and
+    where its line is. Compact (17 bytes an input), so resuming a run of millions of
+    inputs stays as small as the run; the input itself is read back only when asked."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._outcome = bytearray()          # by Seq: _NOT_LOGGED, _FAILED or _OK
+        self._input_hash = array.array("q")  # by Seq: hash() of its escaped input
+        self._offset = array.array("q")      # by Seq: where its last entry starts
+
+    def record(self, seq: int, ok: bool, escaped_input: str, offset: int) -> None:
+        missing = seq + 1 - len(self._outcome)
+        if missing > 0:
+            self._outcome.extend(bytes(missing))
+            self._input_hash.extend([0] * missing)
+            self._offset.extend([0] * missing)
+        self._outcome[seq] = _OK if ok else _FAILED
+        self._input_hash[seq] = hash(escaped_input)
+        self._offset[seq] = offset
+
+    def __iter__(self) -> Iterator[int]:
+        return (seq for seq, outcome in enumerate(self._outcome) if outcome != _NOT_LOGGED)
+
+    def outcome(self, seq: int) -> bool | None:
+        """True (ok), False (failed) or None (not logged)."""
+        if seq >= len(self._outcome) or self._outcome[seq] == _NOT_LOGGED:
+            return None
+        return self._outcome[seq] == _OK
+
+    def matches(self, seq: int, escaped_input: str) -> bool:
+        """Whether the logged input ``seq`` is this one (by hash: this is per input)."""
+        return self._input_hash[seq] == hash(escaped_input)
+
+    def __getitem__(self, seq: int) -> Finished:
+        ok = self.outcome(seq)
+        if ok is None:
+            raise KeyError(seq)
+        with open(self._path, "rb") as stream:
+            stream.seek(self._offset[seq])
+            line = stream.readline().decode("utf-8", "surrogateescape")
+        return Finished(ok, line.rstrip("\n").split("\t")[-1])
+
+
 class Resume:
     """What ``--resume`` (or, with ``rerun_failed``, ``--resume-failed``) skips."""
 
-    def __init__(self, finished: dict[int, Finished], *, rerun_failed: bool) -> None:
-        self._finished = finished
+    def __init__(self, logged: Logged, *, rerun_failed: bool) -> None:
+        self._logged = logged
         self._rerun_failed = rerun_failed
 
     def skips(self, seq: int, text: str) -> bool:
         """Whether input ``seq`` finished in the logged run and is not to run again.
         Raises JoblogError if the log says that input was another."""
-        finished = self._finished.get(seq)
-        if finished is None:
+        ok = self._logged.outcome(seq)
+        if ok is None:
             return False
-        if finished.escaped_input != escape(text):
+        escaped = escape(text)
+        if not self._logged.matches(seq, escaped):
             raise JoblogError(
                 f"the job log was written for other inputs: input {seq} is "
-                f"{escape(text)!r} here, {finished.escaped_input!r} in the log")
-        return finished.ok or not self._rerun_failed
+                f"{escaped!r} here, {self._logged[seq].escaped_input!r} in the log")
+        return ok or not self._rerun_failed
 
 
-def read_joblog(path: str) -> dict[int, Finished]:
-    """Seq → its last logged outcome. Raises JoblogError for a file that is not a job log."""
-    finished: dict[int, Finished] = {}
+def read_joblog(path: str) -> Logged:
+    """What the log at ``path`` says finished. Raises JoblogError for a file that is not a
+    job log of this command."""
+    logged = Logged(path)
     try:
-        with open(path, encoding="utf-8", errors="surrogateescape", newline="\n") as stream:
-            header = stream.readline().rstrip("\n").split("\t")
-            if tuple(header) != HEADER:
+        with open(path, "rb") as stream:
+            first = stream.readline()
+            if tuple(_text(first).rstrip("\n").split("\t")) != HEADER:
                 raise JoblogError(f"{path} is not a job log of python -m pool map "
                                   f"(its first line is not the header)")
-            for number, line in enumerate(stream, start=2):
-                if not line.endswith("\n"):
+            offset = len(first)
+            for number, raw in enumerate(stream, start=2):
+                if not raw.endswith(b"\n"):
                     break  # the last line of a run killed while writing it: not finished
-                fields = line[:-1].split("\t")
+                fields = _text(raw)[:-1].split("\t")
                 if len(fields) != len(HEADER) or not fields[0].isdigit():
                     raise JoblogError(f"{path}, line {number}: not a job log entry")
-                finished[int(fields[0])] = Finished(fields[3] == "ok", fields[-1])
+                seq = int(fields[0])
+                if seq > _SEQ_PER_LINE * number + _SEQ_SLACK:
+                    raise JoblogError(f"{path}, line {number}: Seq {seq} is out of range")
+                logged.record(seq, fields[3] == "ok", fields[-1], offset)
+                offset += len(raw)
     except OSError as exc:
         raise JoblogError(f"cannot read the job log: {exc}") from exc
-    return finished
+    return logged
+
+
+def _text(raw: bytes) -> str:
+    return raw.decode("utf-8", "surrogateescape")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import IO, Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Protocol
 
 from ._cli_joblog import escape
 from ._cli_task import summary, to_json
@@ -33,7 +33,8 @@ class Failure(NamedTuple):
 def failure_of(error: BaseException) -> Failure:
     """A pool-level failure (the whole job failed) in the output's terms."""
     if isinstance(error, WorkerDied):
-        code = None if error.exitcode is None else max(error.exitcode, 0)
+        # A signal's death has no exit code (the Signal column says which signal).
+        code = error.exitcode if error.exitcode is not None and error.exitcode >= 0 else None
         return Failure("died", "WorkerDied",
                               f"WorkerDied: worker pid {error.pid} died "
                               f"({describe_exit(error.exitcode)})",
@@ -92,11 +93,16 @@ def json_failure(seq: int, input_value: Any, failure: Failure) -> str:
             f'"error": {to_json(error)}}}')
 
 
+class TextSink(Protocol):
+    def write(self, text: str, /) -> Any: ...
+    def flush(self) -> Any: ...
+
+
 class Progress:
     """The ``--progress`` line on standard error: a bar redrawn in place on a terminal, a
     plain line every ``interval`` seconds otherwise, and a summary at the end."""
 
-    def __init__(self, stream: IO[str], *, tty: bool, interval: float,
+    def __init__(self, stream: TextSink, *, tty: bool, interval: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._stream, self._tty, self._clock = stream, tty, clock
         self._interval = 0.1 if tty else interval
@@ -107,12 +113,12 @@ class Progress:
     def elapsed(self) -> float:
         return self._clock() - self._started
 
-    def tick(self, ok: int, failed: int, in_flight: int, total: int | None) -> None:
+    def tick(self, ok: int, failed: int, running: int, total: int | None) -> None:
         now = self._clock()
         if now - self._last < self._interval:
             return
         self._last = now
-        line = self.describe(ok, failed, in_flight, total, now - self._started)
+        line = self.describe(ok, failed, running, total, now - self._started)
         if self._tty:
             self._stream.write("\r\x1b[K" + line)
             self._drawn = True
@@ -128,13 +134,12 @@ class Progress:
             self._last = -math.inf
 
     @staticmethod
-    def describe(ok: int, failed: int, in_flight: int, total: int | None,
+    def describe(ok: int, failed: int, running: int, total: int | None,
                  elapsed: float) -> str:
-        """``in_flight``: inputs handed to the pool, running or waiting for a worker."""
         done = ok + failed
         rate = done / elapsed if elapsed > 0 else 0.0
         of = f"/{total}" if total is not None else ""
-        parts = [f"{done}{of} done", f"{failed} failed", f"{in_flight} in flight",
+        parts = [f"{done}{of} done", f"{failed} failed", f"{running} running",
                  f"{rate:.1f}/s"]
         if total is not None and rate > 0:
             parts.append(f"ETA {_clock_time((total - done) / rate)}")

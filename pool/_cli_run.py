@@ -1,20 +1,23 @@
-"""The run of ``python -m pool map``: inputs in, jobs to the pool, lines out.
+"""The run of ``python -m pool map``: inputs in, jobs to the pool, results out, and how the
+run ends.
 
 Runs in: the command's main thread, plus a reader thread that turns the input into
 ``Input`` records (and, for ``--progress`` on a file, one that counts them). Everything
 that happens reaches the main thread as an event on one queue: inputs and the end of the
-input from the reader, finished jobs from done-callbacks, and signals from the signal
-handlers. The main thread alone writes output, keeps the counts and decides.
+input from the reader, finished jobs from done-callbacks, signals from the signal
+handlers. The main thread alone decides, and alone writes (``_cli_results``).
 
 Guarantees:
 - Bounded read-ahead (``_cli_lines.Window``): memory stays flat however long the input.
 - One standard-output line per input that finished (ok or failed), in input order unless
   ``unordered``. An input the run stopped (``--halt now``, a signal, a closed output pipe)
   or never started gets no line and no job-log entry: ``--resume`` runs it again.
-- Signals are events. SIGINT, SIGTERM and SIGHUP end the run at the loop's next turn (within
-  ``_CHORES_SECONDS``), so no exception lands inside the pool's code or ours (DESIGN,
-  contract 9). A second one raises ``StopRequested`` wherever the main thread is: the way
-  out of a write to a pipe nobody reads (the lines not yet written are then lost).
+- Signals are events: the handlers only count them and post them, so no exception lands
+  inside the pool's code or ours (DESIGN, contract 9). SIGINT, SIGTERM and SIGHUP end the
+  run at the loop's next turn (within ``_CHORES_SECONDS``), or at once if it is blocked
+  writing (``_cli_lines.write_all`` asks between slices); while the run ends, one more
+  signal gives up on writing what is left. A signal the command inherited as ignored
+  (``nohup``, a background job) stays ignored.
 - Every way out, a bug of ours included, leaves no worker running: ending early terminates
   the workers and waits until they are reaped (``ProcessPool.terminate_workers``).
 
@@ -26,18 +29,20 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import os
 import queue
 import signal
 import threading
 import time
 import traceback
 from concurrent.futures import Future
-from typing import IO, Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 from . import _cli_output as output
 from ._cli_inputs import Input
-from ._cli_joblog import Entry, Joblog, JoblogError, Resume, escape
-from ._cli_lines import Lines, OutputClosed, OutputFailed, Window
+from ._cli_joblog import Joblog, JoblogError, Resume
+from ._cli_lines import Lines, Messages, OutputClosed, OutputFailed, Window, WriteAbandoned
+from ._cli_results import Results, short
 from ._cli_task import Report, run_job, setup_worker, take_capture
 from ._errors import WorkerTerminated
 from ._executor import ProcessPool
@@ -49,6 +54,9 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _BATCH_SECONDS = 0.005
 # How often, at most, while events keep coming: flush, progress, check the output pipe.
 _CHORES_SECONDS = 0.1
+
+# After a stop signal, how long a reader that is slow to take the last lines is waited for.
+_LAST_WRITES_SECONDS = 2.0
 
 # ``--halt ...,fail=P%`` is judged once this many inputs have finished (fewer prove nothing).
 HALT_MIN_FINISHED = 10
@@ -69,6 +77,7 @@ class Halt(NamedTuple):
 
 @dataclasses.dataclass
 class Options:
+    """What the command line asked for, checked and resolved (``_cli``)."""
     function: Callable[..., Any]
     workers: int
     chunksize: int
@@ -107,10 +116,6 @@ class Outcome(NamedTuple):
     signum: int = 0
 
 
-class StopRequested(BaseException):
-    """A second stop signal arrived while the run was still ending the first way."""
-
-
 class _Job(NamedTuple):
     inputs: list[Input]
     attempt: int
@@ -118,15 +123,25 @@ class _Job(NamedTuple):
 
 
 class Run:
+    """One run of the command, from the first input to every worker gone."""
+
     def __init__(self, options: Options, inputs: Iterator[Input],
                  total: int | Callable[[], int | None] | None,
-                 stdout: IO[bytes], stderr: IO[str] | None) -> None:
+                 stdout_fd: int, stderr_fd: int | None) -> None:
         self.options = options
-        self.stderr = stderr
         self.events: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self.signals: list[int] = []      # every stop signal received, in order
+        self.first_signal_at = 0.0        # time.monotonic() of the first
+        self.winding_up = False
         self.window = Window(options.window)
-        self.lines = Lines(stdout, self.window, ordered=not options.unordered)
-        self.stdout_is_tty = _isatty(stdout)
+        messages = Messages(stderr_fd, self._give_up)
+        progress = (output.Progress(messages, tty=messages.isatty(), interval=3.0)
+                    if options.progress and stderr_fd is not None else None)
+        self.stdout_is_tty = _isatty(stdout_fd)
+        self.results = Results(
+            Lines(stdout_fd, self.window, ordered=not options.unordered,
+                  joblog=options.joblog, give_up=self._give_up),
+            messages, as_json=options.as_json, tag=options.tag, progress=progress)
         self.reader = threading.Thread(target=self._read, args=(inputs,), daemon=True,
                                        name="pool-map-reader")
         # The total is for the progress line only: counting a long file must not delay
@@ -134,7 +149,7 @@ class Run:
         self.total = total if not callable(total) else None
         self.counter = (threading.Thread(target=self._count, args=(total,), daemon=True,
                                          name="pool-map-counter")
-                        if callable(total) and options.progress else None)
+                        if callable(total) and progress is not None else None)
         self.jobs: dict[Future[Any], _Job] = {}       # handed to the pool, not yet done
         self.in_pool = 0                               # inputs in those jobs
         self.batch: list[Input] = []                   # inputs gathered for the next chunk
@@ -144,17 +159,13 @@ class Run:
         # the throughput of 4 with one input per chunk); with --halt, no more than can
         # run, so a halt finds nothing queued that would have run after the failure.
         self.in_flight = options.workers * (1 if options.halt is not None else 16)
-        self.read = self.ok = self.failed = self.skipped = 0
+        self.read = self.skipped = 0
         self.eof = False
         self.halting = False
-        self.signum = 0
-        self.forced = False                            # a second signal: end, write nothing
-        self.progress = (output.Progress(stderr, tty=_isatty(stderr), interval=3.0)
-                         if options.progress and stderr is not None else None)
         self.pool: ProcessPool | None = None
         self.problem: str | None = None                # why the run ended early, for stderr
 
-    # -- threads beside the main one ------------------------------------------------------
+    # -- beside the main thread ----------------------------------------------------------
 
     def _read(self, inputs: Iterator[Input]) -> None:
         try:
@@ -174,54 +185,60 @@ class Run:
             pass  # (the progress line goes without a total)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if self.signum:
-            raise StopRequested
-        self.signum = signum
+        # Only appends and a SimpleQueue put: nothing a signal could split.
+        if not self.signals:
+            self.first_signal_at = time.monotonic()
+        self.signals.append(signum)
         self.events.put(("signal", signum))
+
+    def _give_up(self) -> bool:
+        """Whether a blocked write stops waiting. While the run goes on: once a signal
+        came (the loop must answer it). While it ends: the lines of what finished get
+        ``_LAST_WRITES_SECONDS`` after the first signal, or until a second one."""
+        if not self.signals:
+            return False
+        if not self.winding_up:
+            return True
+        return (len(self.signals) > 1
+                or time.monotonic() - self.first_signal_at >= _LAST_WRITES_SECONDS)
 
     # -- the main thread -----------------------------------------------------------------
 
     def run(self) -> Outcome:
-        options = self.options
-        previous = {signum: signal.signal(signum, self._on_signal) for signum in STOP_SIGNALS}
-        end = End.INTERNAL
+        previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+        for signum, handler in previous.items():
+            if handler is not signal.SIG_IGN:   # (nohup's SIGHUP stays ignored)
+                signal.signal(signum, self._on_signal)
         try:
-            self.pool = ProcessPool(options.workers, mp_context=options.mp_context,
-                                    initializer=setup_worker,
-                                    initargs=(options.capture_directory,))
-            self.reader.start()
-            if self.counter is not None:
-                self.counter.start()
-            end = self._loop()
-        except (StopRequested, KeyboardInterrupt):
-            end = End.SIGNAL
-            self.signum = self.signum or signal.SIGINT
-            self.forced = True
-        except BaseException as exc:
-            end = self._end_of(exc)
-        finally:
-            # From here on the run only ends: more signals must not interrupt the teardown
-            # (it is bounded by the pool's grace periods).
-            for signum in STOP_SIGNALS:
-                signal.signal(signum, signal.SIG_IGN)
+            end = End.INTERNAL
             try:
-                end = self._wind_up(end)
-            finally:
-                for signum, handler in previous.items():
-                    signal.signal(signum, handler)
-        not_finished = self.read - self.skipped - self.ok - self.failed
-        if self.problem:
-            self._note(self.problem)
-        if self.progress is not None and end is not End.OUTPUT_CLOSED:
-            self._note(output.summary_line(self.ok, self.failed, self.progress.elapsed(),
-                                           not_finished))
-        return Outcome(self.ok, self.failed, not_finished, end,
-                       self.signum if end is End.SIGNAL else 0)
+                end = self._start_and_loop()
+            except BaseException as exc:
+                end = self._end_of(exc)
+            end = self._wind_up(end)
+            self._report_end(end)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+        return Outcome(self.results.ok, self.results.failed, self._not_finished(), end,
+                       self.signals[0] if end is End.SIGNAL else 0)
+
+    def _start_and_loop(self) -> End:
+        options = self.options
+        self.pool = ProcessPool(options.workers, mp_context=options.mp_context,
+                                initializer=setup_worker,
+                                initargs=(options.capture_directory,))
+        self.reader.start()
+        if self.counter is not None:
+            self.counter.start()
+        return self._loop()
 
     def _end_of(self, exc: BaseException) -> End:
         """The End an exception means (and the message that says so)."""
         if isinstance(exc, OutputClosed):
             return End.OUTPUT_CLOSED
+        if isinstance(exc, WriteAbandoned):
+            return End.SIGNAL   # (blocked writing when a signal came)
         if isinstance(exc, OutputFailed):
             self.problem = f"pool map: cannot write standard output: {exc}; stopped"
             return End.OUTPUT_FAILED
@@ -236,7 +253,10 @@ class Run:
         return End.INTERNAL
 
     def _wind_up(self, end: End) -> End:
-        """Every worker ended, then the lines of what finished written."""
+        """Every worker ended, then the lines of what finished written. A signal that
+        comes now lets the teardown finish (bounded by the pool's grace periods) and
+        gives up on the writing."""
+        self.winding_up = True
         self.halting = True   # what finishes from now on starts nothing: no retries
         self.window.stopped = True
         if self.pool is not None:
@@ -244,21 +264,40 @@ class Run:
                 self.pool.shutdown(wait=True)
             else:
                 self.pool.terminate_workers(wait=True)
-        if self.forced:   # (writing may be what blocked: the lines not written are lost)
-            self.lines.abandon()
-        elif end not in (End.OUTPUT_CLOSED, End.OUTPUT_FAILED):
-            try:
-                if end is not End.JOBLOG:
-                    self._drain_finished()
-                self.lines.put_the_rest()
-                self._flush()
-            except BaseException as exc:   # (writing out what finished failed in its turn)
-                if end is End.INTERNAL or not isinstance(exc, Exception):
-                    raise
-                end = self._end_of(exc)
         if end in (End.OUTPUT_CLOSED, End.OUTPUT_FAILED):
-            self.lines.abandon()
+            return end
+        lines = self.results.lines
+        try:
+            if end not in (End.JOBLOG, End.INTERNAL):
+                self._drain_finished()
+            lines.put_the_rest()
+            lines.flush()
+        except Exception as exc:   # (writing out what finished failed in its turn)
+            lines.abandon()
+            if end is End.INTERNAL:
+                return end         # (the first error is the one to report)
+            return self._end_of(exc)
         return end
+
+    def _report_end(self, end: End) -> None:
+        results = self.results
+        if self.problem:
+            results.note(self.problem)
+        progress = results.progress
+        if progress is not None and end is not End.OUTPUT_CLOSED:
+            results.note(output.summary_line(results.ok, results.failed, progress.elapsed(),
+                                             self._not_finished()))
+        if end is End.SIGNAL:
+            counts = (f"{results.ok} ok, {results.failed} failed, {self._not_finished()} "
+                      f"not finished")
+            signum = self.signals[0] if self.signals else signal.SIGINT
+            if signum == signal.SIGINT:
+                results.note(f"pool map: interrupted ({counts})")
+            else:
+                results.note(f"pool map: stopped by {signal.Signals(signum).name} ({counts})")
+
+    def _not_finished(self) -> int:
+        return self.read - self.skipped - self.results.ok - self.results.failed
 
     def _loop(self) -> End:
         chores_due = time.monotonic()
@@ -270,6 +309,8 @@ class Run:
             if time.monotonic() >= chores_due:
                 self._chores()
                 chores_due = time.monotonic() + _CHORES_SECONDS
+            if self.signals:   # (before any event that was queued ahead of the signal's)
+                return End.SIGNAL
             try:
                 kind, value = self.events.get(block=False)
             except queue.Empty:
@@ -301,13 +342,15 @@ class Run:
 
     def _chores(self) -> None:
         """Lines out (which also finds a closed output pipe), and the progress line."""
-        if self.lines.unwritten and self.progress is not None and self.stdout_is_tty:
-            self.progress.clear()   # both on one terminal: the bar must not split a line
-        self._flush()
-        self._tick()
-
-    def _flush(self) -> None:
-        self.lines.flush()
+        results = self.results
+        if results.lines.unwritten and self.stdout_is_tty:
+            results.clear_progress()   # both on one terminal: the bar must not split a line
+        results.lines.flush()
+        total = self.total if self.total is not None else (self.read if self.eof else None)
+        # Running: the inputs handed to the pool that its workers can hold (the rest wait
+        # in its queue, handed ahead so that no worker waits for the main thread).
+        running = min(self.in_pool, self.options.workers * self.options.chunksize)
+        results.tick(running, None if total is None else total - self.skipped)
 
     def _take(self, item: Input) -> None:
         self.read += 1
@@ -317,7 +360,7 @@ class Run:
         resume = self.options.resume
         if resume is not None and resume.skips(item.seq, item.text):
             self.skipped += 1
-            self.lines.put(item.seq, None)
+            self.results.skipped(item)
             return
         if item.error is not None:
             failure = output.Failure("invalid", item.error.partition(":")[0], item.error, "")
@@ -361,18 +404,23 @@ class Run:
         if error is None:
             reports: list[Report] = future.result()
             for item, report in zip(job.inputs, reports):
-                self._echo(item, report.output)
+                self.results.echo(item, report.output)
                 if report.ok:
-                    self._record_ok(item, report, job.attempt)
+                    self.results.succeeded(item, report, job.attempt)
                 else:
                     failure = output.Failure("error", report.error_type, report.text,
                                              report.detail, 1, None, report.pid)
                     self._fail(item, failure, job.attempt, report.start, report.runtime)
-        elif not isinstance(error, WorkerTerminated):   # (if so, the run ended it)
+        elif isinstance(error, WorkerTerminated) or self.signals:
+            # The run ended it; or a stop signal came, which may have reached the
+            # workers' start-up helpers too (a signal to the whole process group kills the
+            # forkserver, and every worker then looks dead): stopped, not failed.
+            pass
+        else:
             pid = getattr(error, "pid", None)
             if isinstance(pid, int):   # what the input printed before its worker was lost
-                self._echo(job.inputs[0] if len(job.inputs) == 1 else None,
-                           take_capture(self.options.capture_directory, pid))
+                self.results.echo(job.inputs[0] if len(job.inputs) == 1 else None,
+                                  take_capture(self.options.capture_directory, pid))
             failure = output.failure_of(error)
             for item in job.inputs:
                 self._fail(item, failure, job.attempt, job.handed, time.time() - job.handed)
@@ -384,40 +432,20 @@ class Run:
         options = self.options
         if (attempt <= options.retries and failure.kind in options.retry_on
                 and not self.halting):
-            self._note(f"pool map: input {item.seq} ({_short(item.text)}) failed "
-                       f"(attempt {attempt} of {options.retries + 1}), retrying: "
-                       f"{failure.summary}")
+            self.results.note(f"pool map: input {item.seq} ({short(item.text)}) failed "
+                              f"(attempt {attempt} of {options.retries + 1}), retrying: "
+                              f"{failure.summary}")
             self._hand([item], attempt + 1)
             return
         self._record_failure(item, failure, attempt, start, runtime)
 
-    def _record_ok(self, item: Input, report: Report, attempt: int) -> None:
-        self.ok += 1
-        self._log(Entry(item.seq, report.start, report.runtime, "ok", 0, None, report.pid,
-                        attempt, "", item.text))
-        options = self.options
-        if options.as_json:
-            line = output.json_result(item.seq, item.value, report.text)
-        else:
-            line = output.plain_result(report.text)
-        self.lines.put(item.seq, output.tagged(item.text, line) if options.tag else line)
-
     def _record_failure(self, item: Input, failure: output.Failure, attempts: int,
                         start: float, runtime: float) -> None:
-        self.failed += 1
-        self._log(Entry(item.seq, start, runtime, failure.kind, failure.exitcode,
-                        failure.signal, failure.pid, attempts, failure.error_type, item.text))
-        report = f"pool map: input {item.seq} ({_short(item.text)}) failed: {failure.summary}"
-        self._note(report + ("\n" + failure.detail.rstrip() if failure.detail else ""))
-        options = self.options
-        if options.as_json:
-            line = output.json_failure(item.seq, item.value, failure)
-        else:
-            line = output.plain_failure(failure)
-        self.lines.put(item.seq, output.tagged(item.text, line) if options.tag else line)
-        halt = options.halt
-        if halt is not None and not self.halting and halt.reached(self.failed,
-                                                                  self.ok + self.failed):
+        results = self.results
+        results.failed_input(item, failure, attempts, start, runtime)
+        halt = self.options.halt
+        if halt is not None and not self.halting and halt.reached(results.failed,
+                                                                  results.ok + results.failed):
             self._halt(halt)
 
     def _stop_reading_after(self, error: BaseException) -> None:
@@ -426,8 +454,8 @@ class Run:
         self._stop_starting()
 
     def _halt(self, halt: Halt) -> None:
-        self._note(f"pool map: halting ({'now' if halt.now else 'soon'}): "
-                   f"{_inputs(self.failed)} failed")
+        self.results.note(f"pool map: halting ({'now' if halt.now else 'soon'}): "
+                          f"{_inputs(self.results.failed)} failed")
         assert self.pool is not None
         if halt.now:
             self.pool.terminate_workers(wait=True)
@@ -440,21 +468,9 @@ class Run:
         for future in list(self.jobs):
             future.cancel()   # what has not started (with soon, the running ones finish)
 
-    def _log(self, entry: Entry) -> None:
-        if self.options.joblog is not None:
-            self.options.joblog.write(entry)
-
-    def _echo(self, item: Input | None, text: str) -> None:
-        """What the function printed, as one block on standard error."""
-        if not text:
-            return
-        if self.options.tag and item is not None:
-            prefix = escape(item.text) + "\t"
-            text = "".join(prefix + line for line in text.splitlines(keepends=True))
-        self._note(text.rstrip("\n"))
-
     def _drain_finished(self) -> None:
-        """After the workers were ended: record what finished before the end came."""
+        """After the workers were ended: record what finished before the end came (and
+        count what was read)."""
         while True:
             try:
                 kind, value = self.events.get(block=False)
@@ -462,28 +478,8 @@ class Run:
                 return
             if kind == "done":
                 self._finish(value)
-
-    def _tick(self) -> None:
-        if self.progress is None:
-            return
-        total = self.total if self.total is not None else (self.read if self.eof else None)
-        if total is not None:
-            total -= self.skipped
-        try:
-            self.progress.tick(self.ok, self.failed, self.in_pool, total)
-        except Exception:   # standard error is gone: so is the progress line
-            self.progress = None
-
-    def _note(self, text: str) -> None:
-        """A message on standard error (never fatal: a closed stderr loses only messages)."""
-        try:
-            if self.progress is not None:
-                self.progress.clear()
-            if self.stderr is not None:
-                self.stderr.write(text + "\n")
-                self.stderr.flush()
-        except Exception:
-            pass
+            elif kind == "input":
+                self._take(value)
 
 
 def _post(events: queue.SimpleQueue[tuple[str, Any]]) -> Callable[[Future[Any]], None]:
@@ -496,13 +492,8 @@ def _inputs(number: int) -> str:
     return f"{number} input" if number == 1 else f"{number} inputs"
 
 
-def _short(text: str, limit: int = 60) -> str:
-    shown = repr(text)
-    return shown if len(shown) <= limit else shown[:limit - 4] + "...'"
-
-
-def _isatty(stream: IO[Any] | None) -> bool:
+def _isatty(fd: int) -> bool:
     try:
-        return stream is not None and stream.isatty()
-    except (OSError, ValueError):
+        return os.isatty(fd)
+    except OSError:
         return False

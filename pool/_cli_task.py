@@ -17,6 +17,7 @@ is rendered to text here, in parallel; rendering never fails an input.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -108,7 +109,11 @@ def _end_capture() -> str:
     _flush_standard_streams()
     os.dup2(_Capture.stderr, 1)
     os.dup2(_Capture.stderr, 2)
-    return read_capture(_Capture.fd)
+    text = read_capture(_Capture.fd)
+    # Emptied now, not only at the next input's start: a worker lost between inputs must
+    # not have this input's output shown as the next one's.
+    os.ftruncate(_Capture.fd, 0)
+    return text
 
 
 def take_capture(directory: str, pid: int) -> str:
@@ -152,13 +157,28 @@ def to_json(value: Any) -> str:
     """Strict JSON text, non-ASCII characters as themselves. A string holding bytes that
     were not UTF-8 (lone surrogates, from ``surrogateescape``) is escaped (``\\udcff``), so
     the line stays valid UTF-8 and the bytes can be recovered; NaN and infinities, which
-    JSON lacks, raise (``render`` then falls back to the ``repr``)."""
-    text = json.dumps(value, default=_repr, ensure_ascii=False, allow_nan=False)
+    JSON lacks, become the strings ``"nan"``, ``"inf"`` and ``"-inf"`` where they are."""
+    try:
+        text = json.dumps(value, default=_repr, ensure_ascii=False, allow_nan=False)
+    except ValueError:   # (a float JSON cannot hold, somewhere inside)
+        value = _finite(value)
+        text = json.dumps(value, default=_repr, ensure_ascii=False, allow_nan=False)
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         return json.dumps(value, default=_repr, allow_nan=False)
     return text
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with each non-finite float inside lists, tuples and dicts as its repr."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    return value
 
 
 def _repr(value: Any) -> str:

@@ -103,12 +103,14 @@ def act(text: str) -> str:
 
 
 def gate(text: str) -> str:
-    """``slow`` waits until the file ``release`` exists; anything else writes ``done-TEXT``
-    and returns at once."""
+    """``slow`` waits until the file ``release`` exists; anything else writes ``done-TEXT``,
+    prints ``printed TEXT`` (which the command shows when it takes the result) and returns
+    at once."""
     if text == "slow":
         _wait_for("release")
     else:
         _touch("done-" + text)
+        print(f"printed {text}")
     return text
 
 
@@ -158,6 +160,7 @@ def special(text: str) -> object:
         "set": {1},
         "unpicklable": Unpicklable(),
         "dict": {"k": [1, 2]},
+        "nan": {"ratio": float("nan"), "ok": [1.5, float("-inf")]},
     }[text]
 
 

@@ -98,12 +98,13 @@ class Command:
     output a pipe read line by line and standard error a file; always killed, with what
     is left of its session, on close."""
 
-    def __init__(self, *args: str, tmp_path: Path, env=None, stdin=subprocess.DEVNULL) -> None:
+    def __init__(self, *args: str, tmp_path: Path, env=None, stdin=subprocess.DEVNULL,
+                 preexec_fn=None) -> None:
         self.stderr_path = tmp_path / f"stderr-{time.monotonic_ns()}"
         with open(self.stderr_path, "wb") as stderr:
             self.proc = subprocess.Popen([*MAP, *args], stdin=stdin, stdout=subprocess.PIPE,
                                          stderr=stderr, cwd=str(TESTS_DIR), env=env,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=preexec_fn)
         self.started = time.monotonic()
         self.pending = b""
 
@@ -401,12 +402,10 @@ def test_jsonl_with_json_shows_the_parsed_input_and_a_bad_line_is_invalid():
 # -- order -----------------------------------------------------------------------------------
 
 def test_output_is_in_input_order_even_when_an_earlier_input_is_slower(command, tmp_path):
-    log = tmp_path / "log"
-    cmd = command("-j", "2", "--joblog", str(log), "cli_functions:gate", "slow", "fast",
-                  env=env_for(tmp_path))
-    # The command has taken the fast input's result (its job log line is written when it
-    # does) while the slow one still waits: only then is the slow one let go.
-    assert wait_until(lambda: log.exists() and "\tfast\n" in log.read_text(), 30), cmd.stderr()
+    cmd = command("-j", "2", "cli_functions:gate", "slow", "fast", env=env_for(tmp_path))
+    # The command has taken the fast input's result (it shows what the input printed when
+    # it does) while the slow one still waits: only then is the slow one let go.
+    assert wait_until(lambda: "printed fast" in cmd.stderr(), 30), cmd.stderr()
     (tmp_path / "release").touch()
     assert cmd.rest() == b"slow\nfast\n"
     assert cmd.wait(30)[0] == 0, cmd.stderr()
@@ -476,10 +475,16 @@ def test_json_lines_for_results_and_failures():
 
 def test_json_values_json_cannot_hold_are_their_repr():
     proc = run_map("-j", "2", "--json", "cli_functions:special", "none", "set",
-                   "unpicklable", "dict", "newline")
+                   "unpicklable", "dict", "newline", "nan")
     assert proc.rc == 0, proc.err
-    values = [json.loads(line)["value"] for line in proc.out.splitlines()]
-    assert values == [None, "{1}", "Unpicklable()", {"k": [1, 2]}, "two\nlines"]
+    values = [json.loads(line, parse_constant=_no_constants)["value"]
+              for line in proc.out.splitlines()]
+    assert values == [None, "{1}", "Unpicklable()", {"k": [1, 2]}, "two\nlines",
+                      {"ratio": "nan", "ok": [1.5, "-inf"]}]
+
+
+def _no_constants(name: str) -> None:
+    raise AssertionError(f"not strict JSON: {name}")
 
 
 # -- worker death ----------------------------------------------------------------------------
@@ -503,6 +508,7 @@ def test_a_worker_death_in_json():
     assert exited["error"]["kind"] == "died" and exited["error"]["type"] == "WorkerDied"
     assert exited["error"]["exitcode"] == 3
     assert segfaulted["error"]["kind"] == "died" and segfaulted["error"]["signal"] == "SIGSEGV"
+    assert "exitcode" not in segfaulted["error"]         # a signal's death has none
 
 
 def test_system_exit_in_the_function_fails_its_input_not_the_worker():
@@ -692,7 +698,7 @@ def test_joblog_has_a_line_per_input_with_its_outcome(tmp_path):
     assert columns(1) == ["ok", "0", "-", "-", "a"]
     assert columns(2) == ["error", "1", "-", "ValueError", "fail"]
     assert columns(3) == ["died", "3", "-", "WorkerDied", "exit3"]
-    assert [columns(4)[i] for i in (0, 2, 3, 4)] == ["died", "SIGSEGV", "WorkerDied", "segv"]
+    assert columns(4) == ["died", "-", "SIGSEGV", "WorkerDied", "segv"]   # (no exit code)
     assert [columns(5)[i] for i in (0, 2, 3, 4)] == ["timeout", "SIGKILL", "TaskTimeout",
                                                      "sleep60"]
     assert columns(6) == ["ok", "0", "-", "-", "tab\\there"]
@@ -764,7 +770,7 @@ def test_resume_after_ctrl_c_runs_what_was_stopped(tmp_path, command):
     pid_in(first / "pid-sleep60")
     assert wait_until(lambda: len(read_joblog(log)[1]) == 2, 30), log.read_text()
     os.kill(cmd.proc.pid, signal.SIGINT)
-    assert cmd.wait(QUICK)[0] == 130, cmd.stderr()
+    assert cmd.wait(QUICK)[0] == -signal.SIGINT, cmd.stderr()
     assert sorted(read_joblog(log)[1]) == [1, 2]       # the stopped input is not logged
     proc = run_map("-j", "2", "--joblog", str(log), "--resume", "cli_functions:act", *inputs,
                    env=env_for(second, CLI_TEST_CALM="1"))
@@ -920,10 +926,12 @@ def start_sleepers(command, tmp_path: Path, *options: str) -> tuple[Command, lis
     return cmd, [pid_in(tmp_path / "pid-sleep60"), pid_in(tmp_path / "pid-sleep61")]
 
 
-def assert_ended_cleanly(cmd: Command, sleepers: list[int], status: int, words: str) -> None:
+def assert_ended_cleanly(cmd: Command, sleepers: list[int], signum: int, words: str) -> None:
+    """Ended by ``signum`` itself (so the shell shows 128+N and a calling loop stops), once
+    everything was cleaned up, with one line saying so."""
     rc, seconds = cmd.wait(QUICK)
     err = cmd.stderr()
-    assert rc == status, err
+    assert rc == -signum, err
     assert "Traceback" not in err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], err
@@ -934,10 +942,10 @@ def assert_ended_cleanly(cmd: Command, sleepers: list[int], status: int, words: 
 
 @pytest.mark.parametrize("method", START_METHODS)
 @pytest.mark.timeout(90)
-def test_ctrl_c_stops_the_run_with_130(command, tmp_path, method):
+def test_ctrl_c_stops_the_run_by_sigint(command, tmp_path, method):
     cmd, sleepers = start_sleepers(command, tmp_path, "--start-method", method)
     os.kill(cmd.proc.pid, signal.SIGINT)        # the command alone: not its workers
-    assert_ended_cleanly(cmd, sleepers, 130, "interrupted")
+    assert_ended_cleanly(cmd, sleepers, signal.SIGINT, "interrupted")
 
 
 @pytest.mark.timeout(90)
@@ -945,7 +953,7 @@ def test_two_ctrl_c_in_a_row_still_end_cleanly(command, tmp_path):
     cmd, sleepers = start_sleepers(command, tmp_path)
     os.kill(cmd.proc.pid, signal.SIGINT)
     os.kill(cmd.proc.pid, signal.SIGINT)
-    assert_ended_cleanly(cmd, sleepers, 130, "interrupted")
+    assert_ended_cleanly(cmd, sleepers, signal.SIGINT, "interrupted")
 
 
 @pytest.mark.timeout(90)
@@ -958,7 +966,7 @@ def test_a_second_ctrl_c_during_the_teardown_is_ignored(command, tmp_path):
     os.kill(cmd.proc.pid, signal.SIGINT)
     assert wait_until((tmp_path / "got-term").exists, 30), cmd.stderr()
     os.kill(cmd.proc.pid, signal.SIGINT)
-    assert_ended_cleanly(cmd, sleepers, 130, "interrupted")
+    assert_ended_cleanly(cmd, sleepers, signal.SIGINT, "interrupted")
 
 
 @pytest.mark.parametrize("method", START_METHODS)
@@ -970,7 +978,7 @@ def test_sigterm_and_sighup_stop_the_run_with_128_plus_the_signal(command, tmp_p
     # of the SIGTERM that ends them.)
     cmd, sleepers = start_sleepers(command, tmp_path, "--start-method", method)
     os.kill(cmd.proc.pid, signum)
-    assert_ended_cleanly(cmd, sleepers, 128 + signum, signum.name)
+    assert_ended_cleanly(cmd, sleepers, signum, signum.name)
 
 
 @pytest.mark.timeout(90)
@@ -980,7 +988,7 @@ def test_ctrl_c_while_waiting_for_input(command):
     cmd.proc.stdin.flush()
     assert cmd.read_line(30) == b"2\n"
     os.kill(cmd.proc.pid, signal.SIGINT)
-    assert_ended_cleanly(cmd, [], 130, "interrupted")
+    assert_ended_cleanly(cmd, [], signal.SIGINT, "interrupted")
 
 
 @pytest.mark.timeout(240)
@@ -1002,7 +1010,7 @@ def test_ctrl_c_at_any_moment_of_a_busy_run_ends_it(tmp_path):
             drain = threading.Thread(target=cli.stdout.read, daemon=True)
             drain.start()
             try:
-                assert cli.wait(timeout=30) == 130, attempt
+                assert cli.wait(timeout=30) == -signal.SIGINT, attempt
             finally:
                 if cli.poll() is None:
                     os.killpg(cli.pid, signal.SIGKILL)
@@ -1107,7 +1115,7 @@ def test_resume_after_a_run_killed_while_writing_its_log_appends_whole_lines(tmp
 def test_an_internal_error_stops_the_workers_and_exits_255(tmp_path):
     inject = ("import sys, pool._cli_run as run\n"
               "def broken(*args): raise RuntimeError('injected fault')\n"
-              "run.Run._record_ok = broken\n"
+              "run.Results.succeeded = broken\n"
               "from pool._cli import main\n"
               "sys.exit(main(sys.argv[1:]))\n")
     proc = subprocess.Popen([sys.executable, "-c", inject, "map", "-j", "2",
@@ -1129,24 +1137,82 @@ def test_an_internal_error_stops_the_workers_and_exits_255(tmp_path):
     assert wait_until(lambda: not session_members(proc.pid), 10)
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/wchan"), reason="needs Linux /proc")
+@pytest.mark.skipif(sys.platform != "linux", reason="reads a pipe's fill level (Linux)")
+@pytest.mark.parametrize("stderr_too", [False, True], ids=["stdout", "stdout-and-stderr"])
 @pytest.mark.timeout(90)
-def test_a_second_signal_stops_a_run_stuck_writing_to_a_full_pipe(command, tmp_path):
-    """Nobody reads the output and the pipe is full: the main thread is blocked in a write
-    and cannot answer the first signal; the second ends the run."""
-    cmd = command("-j", "2", "--unordered", "builtins:str", stdin=subprocess.PIPE)
-    line = b"x" * 4000 + b"\n"
-    writer = threading.Thread(target=_feed, args=(cmd.proc.stdin, line, 400), daemon=True)
-    writer.start()                                 # 1.6 MB of output: more than a pipe holds
-    assert wait_until(lambda: _blocked_writing(cmd.proc.pid), 30), cmd.stderr()
-    os.kill(cmd.proc.pid, signal.SIGTERM)
-    # (Sent at once, the second would merge with the first while that is pending.)
-    assert wait_until(lambda: _handled(cmd.proc.pid, signal.SIGTERM), 30)
-    os.kill(cmd.proc.pid, signal.SIGTERM)
+def test_one_signal_stops_a_run_blocked_writing_to_a_pipe_nobody_reads(tmp_path, stderr_too):
+    """Nobody reads the output (``| less`` left open, a stalled consumer) and the pipe is
+    full: the main thread is blocked writing; one SIGTERM still ends the run, within the
+    time it gives a slow reader to take the last lines."""
+    proc = subprocess.Popen([*MAP, "-j", "2", "--unordered", "builtins:str"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT if stderr_too else subprocess.DEVNULL,
+                            cwd=str(TESTS_DIR), start_new_session=True)
+    try:
+        line = b"x" * 4000 + b"\n"
+        writer = threading.Thread(target=_feed, args=(proc.stdin, line, 400), daemon=True)
+        writer.start()                             # 1.6 MB of output: more than a pipe holds
+        assert wait_until(lambda: _pipe_is_full(proc.stdout.fileno()), 30)
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(QUICK) == -signal.SIGTERM
+        assert wait_until(lambda: not session_members(proc.pid), 10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_stops_a_calling_shell_loop(tmp_path):
+    """The command dies by SIGINT, so bash knows the user interrupted and stops its loop
+    (with exit status 130 it would go on to the next turn)."""
+    script = (f"for turn in 1 2 3; do {sys.executable} -m pool map -j 2 cli_functions:act "
+              f"sleep60; echo after $turn; done")
+    shell = subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, cwd=str(TESTS_DIR), env=env_for(tmp_path),
+                             start_new_session=True)
+    try:
+        pid_in(tmp_path / "pid-sleep60")
+        os.killpg(shell.pid, signal.SIGINT)       # as a terminal's Ctrl-C: the whole group
+        out, err = shell.communicate(timeout=QUICK)
+    finally:
+        if shell.poll() is None:
+            os.killpg(shell.pid, signal.SIGKILL)
+            shell.communicate()
+    assert b"after" not in out, (out, err)
+    assert shell.returncode in (-signal.SIGINT, 130), err
+
+
+@pytest.mark.timeout(90)
+def test_nohup_keeps_sighup_ignored(command, tmp_path):
+    cmd = command("-j", "2", "cli_functions:act", "sleep1", "a", env=env_for(tmp_path),
+                  preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    pid_in(tmp_path / "pid-sleep1")
+    os.kill(cmd.proc.pid, signal.SIGHUP)
     rc, _ = cmd.wait(QUICK)
-    assert rc == 128 + signal.SIGTERM, cmd.stderr()
-    assert "Traceback" not in cmd.stderr()
-    assert cmd.session_left() == []
+    assert rc == 0, cmd.stderr()
+    assert cmd.rest() == b"sleep1\na\n"
+
+
+def test_what_the_function_module_prints_on_import_goes_to_stderr(tmp_path):
+    script = tmp_path / "noisy.py"
+    script.write_text("print('loading noisy')\ndef f(text):\n    return text.upper()\n")
+    proc = run_map(f"{script}:f", "a", "b")
+    assert proc.rc == 0, proc.err
+    assert proc.out == "A\nB\n"
+    assert "loading noisy" in proc.err
+
+
+def test_inputs_may_come_before_or_after_options():
+    assert run_map("builtins:len", "--unordered", "a", "bb").out in ("1\n2\n", "2\n1\n")
+    proc = run_map("builtins:len", "a", "-j", "1", "bb")
+    assert (proc.rc, proc.out) == (0, "1\n2\n"), proc.err
+
+
+def test_tag_with_json_is_a_usage_error():
+    proc = run_map("--tag", "--json", "builtins:len", "a")
+    assert proc.rc == 255 and "--tag and --json" in proc.err
 
 
 def _feed(stream, line: bytes, times: int) -> None:
@@ -1158,30 +1224,52 @@ def _feed(stream, line: bytes, times: int) -> None:
         pass
 
 
-def _handled(pid: int, signum: int) -> bool:
-    """The signal is no longer pending and the main thread is back in its write: the
-    handler has run (the write is retried only after it)."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    pending = int(re.search(r"^ShdPnd:\s*([0-9a-f]+)", status, re.M).group(1), 16)
-    return not pending & (1 << (signum - 1)) and _blocked_writing(pid)
+def _pipe_is_full(read_end: int) -> bool:
+    """Nearly all of the pipe's capacity is waiting to be read: its writer is blocked."""
+    import fcntl
+    import termios
+    waiting = bytearray(4)
+    fcntl.ioctl(read_end, termios.FIONREAD, waiting)
+    capacity = fcntl.fcntl(read_end, 1032)   # F_GETPIPE_SZ
+    return int.from_bytes(waiting, sys.byteorder) > capacity - 8192
 
 
-def _blocked_writing(pid: int) -> bool:
-    """The process's main thread is asleep in a write (pipe_write, on Linux)."""
-    try:
-        return "pipe_w" in Path(f"/proc/{pid}/wchan").read_text()   # (names vary by kernel)
-    except OSError:
-        return False
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+@pytest.mark.timeout(120)
+def test_a_signal_to_the_whole_process_group_fails_no_input(tmp_path, signum):
+    """``timeout``, a service manager or a closing terminal signal the whole group: the
+    forkserver dies of it too, and every worker then looks dead (exit code 255). The
+    running inputs were stopped, not failed: no '!' line, no job-log entry."""
+    for attempt in range(5):
+        directory = tmp_path / str(attempt)
+        directory.mkdir()
+        log = directory / "log"
+        proc = subprocess.Popen([*MAP, "-j", "2", "--joblog", str(log), "cli_functions:act",
+                                 "sleep60", "sleep61", "sleep62"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, cwd=str(TESTS_DIR),
+                                env=env_for(directory), start_new_session=True)
+        try:
+            pid_in(directory / "pid-sleep60")
+            pid_in(directory / "pid-sleep61")
+            os.killpg(proc.pid, signum)
+            out, err = proc.communicate(timeout=QUICK)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+        assert proc.returncode == -signum, err
+        assert out == b"", (attempt, out, err)
+        assert log.read_text().count("\n") == 1, log.read_text()   # the header only
+        assert b"0 failed, 3 not finished" in err, err
 
 
-@pytest.mark.timeout(90)
-def test_ctrl_c_while_the_function_is_being_imported(command, tmp_path):
-    script = tmp_path / "slow_import.py"
-    script.write_text("import os, pathlib, time\n"
-                      "pathlib.Path(os.environ['CLI_TEST_DIR'], 'importing').touch()\n"
-                      "time.sleep(60)\n"
-                      "def f(text):\n    return text\n")
-    cmd = command("-j", "2", f"{script}:f", "a", env=env_for(tmp_path))
-    assert wait_until((tmp_path / "importing").exists, 30), cmd.stderr()
-    os.kill(cmd.proc.pid, signal.SIGINT)
-    assert_ended_cleanly(cmd, [], 130, "interrupted")
+def test_an_arg_file_that_is_a_directory_is_a_usage_error(tmp_path):
+    proc = run_map("-a", str(tmp_path), "builtins:len")
+    assert proc.rc == 255
+    assert f"cannot read {tmp_path}: it is a directory" in proc.err
+
+
+def test_a_negative_number_is_refused_with_a_reason():
+    proc = run_map("-j", "-3", "builtins:len", "a")
+    assert proc.rc == 255 and "negative numbers are not valid values" in proc.err

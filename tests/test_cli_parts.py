@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from pool._cli_inputs import count, counter, parse, read_inputs, records_of
-from pool._cli_lines import Lines, OutputClosed, OutputFailed, Window
+from pool._cli_lines import Lines, OutputClosed, OutputFailed, Window, WriteAbandoned
 from pool._cli_joblog import HEADER, Entry, Joblog, JoblogError, escape, read_joblog
 from pool._cli_output import (Failure, Progress, json_failure, json_result, plain_failure,
                               plain_result, summary_line, tagged)
@@ -131,19 +131,19 @@ def test_progress_draws_a_bar_on_a_terminal_and_lines_elsewhere():
     stream = io.StringIO()
     bar = Progress(stream, tty=True, interval=3.0, clock=lambda: now[0])
     now[0] = 2.0
-    bar.tick(ok=9, failed=1, in_flight=2, total=20)
+    bar.tick(ok=9, failed=1, running=2, total=20)
     assert stream.getvalue() == ("\r\x1b[K[##########..........] 10/20 done, 1 failed, "
-                                 "2 in flight, 5.0/s, ETA 0:02")
+                                 "2 running, 5.0/s, ETA 0:02")
     bar.clear()
     assert stream.getvalue().endswith("\r\x1b[K")
     plain = io.StringIO()
     lines = Progress(plain, tty=False, interval=3.0, clock=lambda: now[0])
     now[0] = 3.0
-    lines.tick(ok=1, failed=0, in_flight=1, total=None)   # only 1 s since it started
+    lines.tick(ok=1, failed=0, running=1, total=None)   # only 1 s since it started
     assert plain.getvalue() == ""
     now[0] = 5.5
-    lines.tick(ok=1, failed=0, in_flight=1, total=None)
-    assert plain.getvalue() == "1 done, 0 failed, 1 in flight, 0.3/s, ETA ?\n"
+    lines.tick(ok=1, failed=0, running=1, total=None)
+    assert plain.getvalue() == "1 done, 0 failed, 1 running, 0.3/s, ETA ?\n"
     assert summary_line(5, 1, 2.25, not_finished=3) == "5 ok, 1 failed, 3 not finished, 2.2 s"
 
 
@@ -186,27 +186,77 @@ def test_the_window_holds_the_reader_at_its_size_until_a_place_is_given_back():
     assert not window.take()
 
 
-def test_lines_keep_input_order_and_write_the_rest_past_the_gaps_at_an_early_end():
-    stream = io.BytesIO()
-    lines = Lines(stream, Window(10), ordered=True)
-    lines.put(2, "two")
-    assert stream.getvalue() == b""          # waits for line 1
-    lines.put(1, "one")
-    lines.put(3, None)                       # (an input with no line: resumed past)
-    lines.put(5, "five")
-    assert stream.getvalue() == b"one\ntwo\n"
-    lines.put_the_rest()
-    lines.flush()
-    assert stream.getvalue() == b"one\ntwo\nfive\n"
+def never() -> bool:
+    return False
+
+
+def test_lines_keep_input_order_and_write_the_rest_past_the_gaps_at_an_early_end(tmp_path):
+    path = tmp_path / "out"
+    with open(path, "wb") as out:
+        lines = Lines(out.fileno(), Window(10), ordered=True, joblog=None, give_up=never)
+        lines.put(2, "two")
+        lines.flush()
+        assert path.read_bytes() == b""          # waits for line 1
+        lines.put(1, "one")
+        lines.put(3, None)                       # (an input with no line: resumed past)
+        lines.put(5, "five")
+        lines.flush()
+        assert path.read_bytes() == b"one\ntwo\n"
+        lines.put_the_rest()
+        lines.flush()
+        assert path.read_bytes() == b"one\ntwo\nfive\n"
+
+
+def test_a_job_log_entry_is_written_only_once_its_line_is_out(tmp_path):
+    log_path = tmp_path / "log"
+    log = Joblog.open(str(log_path), append=False)
+    entry = Entry(1, 0.0, 0.5, "ok", 0, None, 7, 1, "", "a")
+    with open(tmp_path / "out", "wb") as out:
+        lines = Lines(out.fileno(), Window(10), ordered=True, joblog=log, give_up=never)
+        lines.put(1, "a", entry)
+        assert len(log_path.read_text().splitlines()) == 1      # the header only
+        lines.flush()
+        assert len(log_path.read_text().splitlines()) == 2
+    log.close()
+
+
+def test_a_blocked_write_gives_up_when_asked_and_keeps_what_it_did_not_write():
+    read_end, write_end = os.pipe()
+    asked = []
+
+    def give_up() -> bool:
+        asked.append(1)
+        return True
+    try:
+        lines = Lines(write_end, Window(10), ordered=False, joblog=None, give_up=give_up)
+        with pytest.raises(WriteAbandoned):
+            for seq in range(1, 100):            # more than a pipe holds: it blocks
+                lines.put(seq, "x" * 10_000)
+        assert asked and lines.unwritten
+        while os.read(read_end, 1 << 16) and lines.unwritten:   # the reader comes back
+            try:
+                lines.flush()
+            except WriteAbandoned:
+                pass
+    finally:
+        os.close(read_end)
+        os.close(write_end)
 
 
 def test_a_closed_pipe_and_a_full_device_are_the_two_output_errors():
     read_end, write_end = os.pipe()
     os.close(read_end)
-    with open(write_end, "wb", buffering=0) as closed:
+    try:
         with pytest.raises(OutputClosed):
-            Lines(closed, Window(10), ordered=False).put(1, "x")
+            lines = Lines(write_end, Window(10), ordered=False, joblog=None, give_up=never)
+            lines.put(1, "x")
+            lines.flush()
+    finally:
+        os.close(write_end)
     if os.path.exists("/dev/full"):
-        with open("/dev/full", "wb", buffering=0) as full:
+        with open("/dev/full", "wb") as full:
+            lines = Lines(full.fileno(), Window(10), ordered=False, joblog=None,
+                          give_up=never)
+            lines.put(1, "x")
             with pytest.raises(OutputFailed, match="No space left"):
-                Lines(full, Window(10), ordered=False).put(1, "x")
+                lines.flush()
