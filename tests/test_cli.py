@@ -1068,14 +1068,18 @@ def test_a_closed_standard_input_is_a_usage_error():
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
-def test_standard_output_on_a_full_device_exits_255_and_says_why():
+def test_standard_output_on_a_full_device_exits_255_and_says_why(tmp_path):
+    log = tmp_path / "log"
     with open("/dev/full", "wb") as full:
-        proc = subprocess.run([*MAP, "-j", "2", "builtins:len", "a", "bb"], stdout=full,
-                              stderr=subprocess.PIPE, timeout=60, cwd=str(TESTS_DIR))
+        proc = subprocess.run([*MAP, "-j", "2", "--joblog", str(log), "builtins:len", "a",
+                               "bb"], stdout=full, stderr=subprocess.PIPE, timeout=60,
+                              cwd=str(TESTS_DIR))
     err = proc.stderr.decode()
     assert proc.returncode == 255, err
     assert "cannot write standard output: No space left on device" in err
     assert "Traceback" not in err and "Exception ignored" not in err, err
+    # Nothing reached the output, so nothing is logged as finished: --resume runs it all.
+    assert log.read_text().count("\n") == 1, log.read_text()
 
 
 def test_output_to_a_pipe_closed_before_the_first_line_exits_141_quietly():
@@ -1118,8 +1122,8 @@ def test_an_internal_error_stops_the_workers_and_exits_255(tmp_path):
               "run.Results.succeeded = broken\n"
               "from pool._cli import main\n"
               "sys.exit(main(sys.argv[1:]))\n")
-    proc = subprocess.Popen([sys.executable, "-c", inject, "map", "-j", "2",
-                             "cli_functions:act", "sleep60", "a"],
+    proc = subprocess.Popen([sys.executable, "-c", inject, "map", "-j", "4",
+                             "cli_functions:act", "sleep60", *"abcdefgh"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, cwd=str(TESTS_DIR),
                             env=env_for(tmp_path), start_new_session=True)
