@@ -13,11 +13,10 @@ import contextlib
 import importlib
 import multiprocessing
 import os
-import shutil
+import re
 import signal
 import stat
 import sys
-import tempfile
 from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 from . import __version__
@@ -47,9 +46,13 @@ exit status:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        if message.endswith("expected one argument"):
+        if message.endswith("expected one argument") and any(
+                re.fullmatch(r"-\d+(\.\d*)?", argument) for argument in sys.argv[1:]):
             # (-0 is an option, so argparse takes "-3" for one too, not for a value)
             message += " (negative numbers are not valid values)"
+        # (Parsing inputs and options in any order makes argparse name INPUT as required
+        # too when the function is missing; it is not.)
+        message = message.replace("MODULE:FUNCTION, INPUT", "MODULE:FUNCTION")
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
@@ -312,16 +315,31 @@ _SIGNAL_OF_STATUS = {128 + signum: signum for signum in
 
 
 def _command(argv: Sequence[str] | None) -> int:
+    closed = _fill_closed_standard_fds()
     arguments = list(sys.argv[1:] if argv is None else argv)
     parser, map_parser = _parser()
     if arguments[:1] == ["map"]:
         # Inputs may come before or after options (``map f --tag a b``, ``map f a --tag``).
-        return _map(map_parser.parse_intermixed_args(arguments[1:]))
+        return _map(map_parser.parse_intermixed_args(arguments[1:]), closed)
     args = parser.parse_args(arguments)
     if args.command == "demo":
         from ._demo import run_demo
         return run_demo(start_method=args.start_method)
-    return _map(args)
+    return _map(args, closed)
+
+
+def _fill_closed_standard_fds() -> frozenset[int]:
+    """Descriptors 0, 1 and 2 that the command was started without, now /dev/null: left
+    closed, the next file or pipe opened (the pool's own) would take the number, and what
+    is meant for standard error would go into it."""
+    closed = frozenset(fd for fd in (0, 1, 2) if not _is_open(fd))
+    for fd in sorted(closed):
+        null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        os.set_inheritable(fd, True)   # (the workers start with it too)
+    return closed
 
 
 def _die_by(signum: int) -> None:
@@ -347,7 +365,7 @@ def _usage(message: str) -> int:
     return EXIT_USAGE
 
 
-def _map(args: argparse.Namespace) -> int:
+def _map(args: argparse.Namespace, closed: frozenset[int]) -> int:
     from ._executor import _cpu_count
 
     if args.inputs and args.arg_file:
@@ -357,7 +375,7 @@ def _map(args: argparse.Namespace) -> int:
     if args.tag and args.json:
         return _usage("--tag and --json do not go together: each JSON object holds its "
                       "input already")
-    if sys.stdout is None or not _is_open(1):
+    if 1 in closed:
         return _usage("standard output is closed: there is nowhere to write the results")
     workers = args.workers or _cpu_count()
     total: int | Callable[[], int | None] | None
@@ -375,7 +393,7 @@ def _map(args: argparse.Namespace) -> int:
             if stat.S_ISDIR(os.fstat(fd).st_mode):
                 os.close(fd)
                 return _usage(f"cannot read {args.arg_file}: it is a directory")
-        elif not _is_open(0):
+        elif 0 in closed:
             return _usage("standard input is closed: give inputs as arguments or with -a")
         records = records_of(fd, args.null)
         total = counter(fd, args.null, args.jsonl)
@@ -389,7 +407,6 @@ def _map(args: argparse.Namespace) -> int:
             joblog = Joblog.open(args.joblog, append=resumed is not None)
     except JoblogError as exc:
         return _usage(str(exc))
-    capture_directory = tempfile.mkdtemp(prefix="pool-map-")
     options = Options(
         function=args.function, workers=workers, chunksize=args.chunksize,
         mp_context=(multiprocessing.get_context(args.start_method)
@@ -399,15 +416,15 @@ def _map(args: argparse.Namespace) -> int:
         joblog=joblog,
         resume=(Resume(resumed, rerun_failed=args.resume_failed) if resumed is not None
                 else None),
-        window=args.read_ahead or max(1000, 4 * workers * args.chunksize),
-        capture_directory=capture_directory)
+        window=args.read_ahead or max(1000, 4 * workers * args.chunksize))
     try:
         outcome = Run(options, read_inputs(records, args.jsonl), total, stdout_fd=1,
-                      stderr_fd=2 if sys.stderr is not None and _is_open(2) else None).run()
+                      stderr_fd=None if 2 in closed else 2).run()
     finally:
         if joblog is not None:
             joblog.close()
-        shutil.rmtree(capture_directory, ignore_errors=True)
+        if fd > 0:
+            os.close(fd)
     return _exit_status(outcome)
 
 

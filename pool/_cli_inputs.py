@@ -1,7 +1,8 @@
 """The inputs of ``python -m pool map``: command-line arguments, or records read from a
 file descriptor (standard input, or ``-a FILE``).
 
-Runs in: the command's reader thread (``read_inputs``), and its main thread (``count``).
+Runs in: the command's reader thread (``read_inputs``), and its counting thread (what
+``counter`` makes, for ``--progress``: it reads with ``pread``, beside the reader).
 Guarantees: records are read a block at a time as they are needed, never the whole input
 first, so a pipeline streams; bytes that are not UTF-8 pass through unchanged
 (``surrogateescape``). Records are split on newlines (a ``\\r`` before the newline is part

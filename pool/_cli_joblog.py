@@ -26,7 +26,10 @@ pipe) did not finish: it is not logged, and ``--resume`` runs it again.
 from __future__ import annotations
 
 import array
-from typing import IO, Iterator, NamedTuple
+import os
+from typing import Callable, Iterator, NamedTuple
+
+from ._cli_write import WriteFailed, write_all
 
 HEADER = ("Seq", "Start", "Runtime", "Outcome", "Exitcode", "Signal", "Pid", "Attempts",
           "Error", "Input")
@@ -56,16 +59,12 @@ def escape(text: str) -> str:
 
 
 class Joblog:
-    """The job log, open for writing. Every failure to write is a JoblogError."""
+    """The job log, open for appending. Every failure to write is a JoblogError; a write
+    blocked until ``give_up`` says so is a WriteAbandoned (``_cli_write``)."""
 
-    def __init__(self, stream: IO[str], *, write_header: bool) -> None:
-        self._stream = stream
-        if write_header:
-            try:
-                self._put("\t".join(HEADER))
-            except JoblogError:
-                _close(stream)
-                raise
+    def __init__(self, fd: int, path: str) -> None:
+        self._fd = fd
+        self._path = path
 
     @classmethod
     def open(cls, path: str, *, append: bool) -> Joblog:
@@ -75,34 +74,45 @@ class Joblog:
         try:
             if append:
                 _cut_torn_line(path)
-            stream = open(path, "a" if append else "w", encoding="utf-8",
-                          errors="surrogateescape", newline="\n")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                         | (0 if append else os.O_TRUNC), 0o666)
         except OSError as exc:
             raise JoblogError(f"cannot write the job log {path}: {exc.strerror}") from exc
-        return cls(stream, write_header=not append)
+        log = cls(fd, path)
+        if not append:
+            try:
+                log._put("\t".join(HEADER) + "\n", _never)
+            except JoblogError:
+                log.close()
+                raise
+        return log
 
-    def write(self, entry: Entry) -> None:
-        fields = (str(entry.seq), f"{entry.start:.3f}", f"{entry.runtime:.3f}", entry.outcome,
-                  _or_dash(entry.exitcode), entry.signal or "-", _or_dash(entry.pid),
-                  str(entry.attempts), entry.error or "-", escape(entry.input))
-        self._put("\t".join(fields))
+    def write(self, entries: list[Entry], give_up: Callable[[], bool]) -> None:
+        self._put("".join(_line(entry) for entry in entries), give_up)
 
-    def _put(self, line: str) -> None:
+    def _put(self, text: str, give_up: Callable[[], bool]) -> None:
         try:
-            self._stream.write(line + "\n")
-            self._stream.flush()
-        except OSError as exc:
-            raise JoblogError(f"cannot write the job log: {exc.strerror or exc}") from exc
+            write_all(self._fd, text.encode("utf-8", "surrogateescape"), give_up)
+        except WriteFailed as exc:
+            raise JoblogError(f"cannot write the job log {self._path}: "
+                              f"{exc.error.strerror or exc.error}") from exc.error
 
     def close(self) -> None:
-        _close(self._stream)
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
 
 
-def _close(stream: IO[str]) -> None:
-    try:
-        stream.close()
-    except OSError:
-        pass  # (what could not be written was reported when it was written)
+def _line(entry: Entry) -> str:
+    fields = (str(entry.seq), f"{entry.start:.3f}", f"{entry.runtime:.3f}", entry.outcome,
+              _or_dash(entry.exitcode), entry.signal or "-", _or_dash(entry.pid),
+              str(entry.attempts), entry.error or "-", escape(entry.input))
+    return "\t".join(fields) + "\n"
+
+
+def _never() -> bool:
+    return False
 
 
 def _or_dash(number: int | None) -> str:
@@ -222,7 +232,8 @@ def read_joblog(path: str) -> Logged:
                 if not raw.endswith(b"\n"):
                     break  # the last line of a run killed while writing it: not finished
                 fields = _text(raw)[:-1].split("\t")
-                if len(fields) != len(HEADER) or not fields[0].isdigit():
+                if (len(fields) != len(HEADER) or not fields[0].isascii()
+                        or not fields[0].isdigit()):
                     raise JoblogError(f"{path}, line {number}: not a job log entry")
                 seq = int(fields[0])
                 if seq > _SEQ_PER_LINE * number + _SEQ_SLACK:

@@ -18,13 +18,16 @@ Guarantees:
   back through a SimpleQueue, whose ``put`` is one C call (DESIGN, contract 9).
 - A failed write of standard output is one of three exceptions, raised here only:
   ``OutputClosed`` (the reader has gone: ``| head``) or ``OutputFailed`` (a full disk, an
-  I/O error), after which what was not written is dropped; or ``WriteAbandoned``
-  (blocked, and ``give_up`` said so), after which it is kept for a last try.
+  I/O error), after which what was not written is dropped (``dropped`` holds the entries
+  of those inputs); or ``WriteAbandoned`` (blocked, and ``give_up`` said so), after which
+  it is kept for a last try. Giving up tears no line shorter than a pipe's atomic write
+  (``PIPE_BUF``, 4 KiB on Linux): writes end at line breaks.
   Standard error failing only loses messages.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import select
@@ -32,11 +35,10 @@ import stat
 from typing import Callable
 
 from ._cli_joblog import Entry, Joblog
+from ._cli_write import WriteAbandoned, WriteFailed, write_all
 
 # How long the reader waits for a place at a time, so that it sees ``stopped`` promptly.
 _TAKE_SLICE_SECONDS = 0.25
-# How long a write waits for the descriptor before it asks whether to give up.
-_WRITE_SLICE_MS = 100
 # Lines are written out once this much is buffered (and whenever the run flushes).
 _BUFFER_BYTES = 1 << 16
 
@@ -78,46 +80,10 @@ class OutputFailed(Exception):
     """Standard output cannot be written (no space left, an I/O error)."""
 
 
-class WriteAbandoned(Exception):
-    """A write was blocked and ``give_up`` said to stop waiting; ``written`` bytes of it
-    had been written."""
-
-    def __init__(self, written: int) -> None:
-        super().__init__(written)
-        self.written = written
-
-
-def write_all(fd: int, data: bytes | bytearray, give_up: Callable[[], bool]) -> None:
-    """All of ``data`` to ``fd``, never blocked for longer than a slice at a time.
-    Raises WriteAbandoned (saying how much was written) or OSError."""
-    written = 0
-    poller = select.poll()
-    poller.register(fd, select.POLLOUT)
-    # What one write takes without blocking once poll says writable: a pipe or socket
-    # guarantees PIPE_BUF; a file or terminal takes a block.
-    piece = select.PIPE_BUF if _is_pipe_or_socket(fd) else _BUFFER_BYTES
-    with memoryview(data) as whole:   # (released on the way out: the caller resizes data)
-        while written < len(whole):
-            if not poller.poll(_WRITE_SLICE_MS):
-                if give_up():
-                    raise WriteAbandoned(written)
-                continue
-            try:
-                with whole[written:written + piece] as part:
-                    written += os.write(fd, part)
-            except BlockingIOError:
-                continue
-
-
-def _is_pipe_or_socket(fd: int) -> bool:
-    mode = os.fstat(fd).st_mode
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
-
-
 class Lines:
     """Writes each input's line when its turn comes (input order), or at once
-    (``ordered=False``), then its job-log entry. A line of ``None`` stands for an input
-    that needs none (resumed past)."""
+    (``ordered=False``), then its job-log entry once the line is out. A line of ``None``
+    stands for an input that needs none (resumed past)."""
 
     def __init__(self, fd: int, window: Window, *, ordered: bool, joblog: Joblog | None,
                  give_up: Callable[[], bool]) -> None:
@@ -129,9 +95,13 @@ class Lines:
         self._next = 1                                  # the next line due, when ordered
         self._due: dict[int, tuple[str | None, Entry | None]] = {}  # waiting for their turn
         self._buffer = bytearray()                      # lines not yet written
-        self._entries: list[Entry] = []                 # their job-log entries
+        self._consumed = 0                              # bytes written before the buffer
+        # The entries of the buffered lines, each with where its line ends (counted from
+        # the first byte ever written): logged once the output has got that far.
+        self._pending: collections.deque[tuple[int, Entry]] = collections.deque()
         self._closed_by_reader = _pipe_watch(fd)
         self._abandoned = False
+        self.dropped: list[Entry] = []                  # finished, but the line was lost
 
     @property
     def unwritten(self) -> bool:
@@ -152,7 +122,8 @@ class Lines:
             self._add(*self._due.pop(seq))
 
     def flush(self) -> None:
-        """Everything buffered to standard output, then its entries to the job log."""
+        """Everything buffered to standard output, and the entries of what got out to the
+        job log."""
         if self._abandoned:
             return
         if self._closed_by_reader is not None and self._closed_by_reader():
@@ -160,27 +131,34 @@ class Lines:
             raise OutputClosed
         try:
             write_all(self._fd, self._buffer, self._give_up)
-        except WriteAbandoned as exc:   # (kept: the run may try again as it ends)
-            del self._buffer[:exc.written]
+        except WriteAbandoned as exc:   # (the rest is kept: the run may try again)
+            self._out(exc.written)
             raise
-        except BrokenPipeError:
+        except WriteFailed as exc:
+            self._out(exc.written)
             self.abandon()
-            raise OutputClosed from None
-        except OSError as exc:
-            self.abandon()
-            raise OutputFailed(exc.strerror or str(exc)) from exc
-        self._buffer.clear()
-        entries, self._entries = self._entries, []
-        if self._joblog is not None:
-            for entry in entries:
-                self._joblog.write(entry)
+            if isinstance(exc.error, BrokenPipeError):
+                raise OutputClosed from None
+            raise OutputFailed(exc.error.strerror or str(exc.error)) from exc.error
+        self._out(len(self._buffer))
+
+    def _out(self, written: int) -> None:
+        """``written`` bytes of the buffer reached the output: log the entries of the
+        lines that did."""
+        del self._buffer[:written]
+        self._consumed += written
+        logged = []
+        while self._pending and self._pending[0][0] <= self._consumed:
+            logged.append(self._pending.popleft()[1])
+        if logged and self._joblog is not None:
+            self._joblog.write(logged, self._give_up)
 
     def _add(self, line: str | None, entry: Entry | None) -> None:
         self._window.give_back()
         if line is not None:
             self._buffer += (line + "\n").encode("utf-8", "surrogateescape")
         if entry is not None:
-            self._entries.append(entry)
+            self._pending.append((self._consumed + len(self._buffer), entry))
         if len(self._buffer) >= _BUFFER_BYTES:
             self.flush()
 
@@ -189,7 +167,8 @@ class Lines:
         did not finish, as far as ``--resume`` knows); nothing more is written."""
         self._abandoned = True
         self._buffer.clear()
-        self._entries.clear()
+        self.dropped.extend(entry for _, entry in self._pending)
+        self._pending.clear()
 
 
 class Messages:
@@ -205,7 +184,7 @@ class Messages:
             return
         try:
             write_all(self._fd, text.encode("utf-8", "backslashreplace"), self._give_up)
-        except (OSError, WriteAbandoned):
+        except (OSError, WriteAbandoned, WriteFailed):
             pass
 
     def flush(self) -> None:

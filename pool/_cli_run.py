@@ -31,7 +31,9 @@ import dataclasses
 import enum
 import os
 import queue
+import shutil
 import signal
+import tempfile
 import threading
 import time
 import traceback
@@ -41,7 +43,8 @@ from typing import Any, Callable, Iterator, NamedTuple
 from . import _cli_output as output
 from ._cli_inputs import Input
 from ._cli_joblog import Joblog, JoblogError, Resume
-from ._cli_lines import Lines, Messages, OutputClosed, OutputFailed, Window, WriteAbandoned
+from ._cli_lines import Lines, Messages, OutputClosed, OutputFailed, Window
+from ._cli_write import WriteAbandoned
 from ._cli_results import Results, short
 from ._cli_task import Report, run_job, setup_worker, take_capture
 from ._errors import WorkerTerminated
@@ -93,7 +96,6 @@ class Options:
     joblog: Joblog | None
     resume: Resume | None                   # --resume, --resume-failed
     window: int
-    capture_directory: str                  # where workers keep what an input prints
 
 
 class End(enum.Enum):
@@ -164,6 +166,7 @@ class Run:
         self.halting = False
         self.pool: ProcessPool | None = None
         self.problem: str | None = None                # why the run ended early, for stderr
+        self.capture_directory = ""                    # where workers keep what inputs print
 
     # -- beside the main thread ----------------------------------------------------------
 
@@ -209,6 +212,8 @@ class Run:
         for signum, handler in previous.items():
             if handler is not signal.SIG_IGN:   # (nohup's SIGHUP stays ignored)
                 signal.signal(signum, self._on_signal)
+        # Made and removed while the signals are ours: a signal cannot leave it behind.
+        self.capture_directory = tempfile.mkdtemp(prefix="pool-map-")
         try:
             end = End.INTERNAL
             try:
@@ -216,8 +221,14 @@ class Run:
             except BaseException as exc:
                 end = self._end_of(exc)
             end = self._wind_up(end)
+            for entry in self.results.lines.dropped:   # finished, but its line was lost
+                if entry.outcome == "ok":
+                    self.results.ok -= 1
+                else:
+                    self.results.failed -= 1
             self._report_end(end)
         finally:
+            shutil.rmtree(self.capture_directory, ignore_errors=True)
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
         return Outcome(self.results.ok, self.results.failed, self._not_finished(), end,
@@ -227,7 +238,7 @@ class Run:
         options = self.options
         self.pool = ProcessPool(options.workers, mp_context=options.mp_context,
                                 initializer=setup_worker,
-                                initargs=(options.capture_directory,))
+                                initargs=(self.capture_directory,))
         self.reader.start()
         if self.counter is not None:
             self.counter.start()
@@ -420,7 +431,7 @@ class Run:
             pid = getattr(error, "pid", None)
             if isinstance(pid, int):   # what the input printed before its worker was lost
                 self.results.echo(job.inputs[0] if len(job.inputs) == 1 else None,
-                                  take_capture(self.options.capture_directory, pid))
+                                  take_capture(self.capture_directory, pid))
             failure = output.failure_of(error)
             for item in job.inputs:
                 self._fail(item, failure, job.attempt, job.handed, time.time() - job.handed)

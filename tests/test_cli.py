@@ -1224,8 +1224,11 @@ def _feed(stream, line: bytes, times: int) -> None:
         for _ in range(times):
             stream.write(line)
         stream.close()
-    except OSError:
-        pass
+    except OSError:       # the command has gone: close without the buffered rest
+        try:
+            stream.close()
+        except OSError:
+            pass
 
 
 def _pipe_is_full(read_end: int) -> bool:
@@ -1277,3 +1280,58 @@ def test_an_arg_file_that_is_a_directory_is_a_usage_error(tmp_path):
 def test_a_negative_number_is_refused_with_a_reason():
     proc = run_map("-j", "-3", "builtins:len", "a")
     assert proc.rc == 255 and "negative numbers are not valid values" in proc.err
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads a pipe's fill level (Linux)")
+@pytest.mark.timeout(90)
+def test_one_signal_stops_a_run_whose_stderr_nobody_reads(tmp_path):
+    """Every input fails (a message each) and nobody reads standard error: one SIGTERM
+    still ends the run promptly, however many messages are left to write."""
+    proc = subprocess.Popen([*MAP, "-j", "2", "--chunksize", "100", "builtins:int"],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, cwd=str(TESTS_DIR), start_new_session=True)
+    try:
+        writer = threading.Thread(target=_feed, args=(proc.stdin, b"x\n", 20_000), daemon=True)
+        writer.start()
+        assert wait_until(lambda: _pipe_is_full(proc.stderr.fileno()), 30)
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(QUICK) == -signal.SIGTERM
+        assert wait_until(lambda: not session_members(proc.pid), 10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads a pipe's fill level (Linux)")
+@pytest.mark.timeout(90)
+def test_one_signal_stops_a_run_whose_job_log_is_a_pipe_nobody_reads(tmp_path):
+    fifo = tmp_path / "log"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)     # there, but never reading
+    proc = subprocess.Popen([*MAP, "-j", "2", "--chunksize", "100", "--joblog", str(fifo),
+                             "builtins:len"], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            cwd=str(TESTS_DIR), start_new_session=True)
+    try:
+        writer = threading.Thread(target=_feed, args=(proc.stdin, b"ab\n", 200_000),
+                                  daemon=True)
+        writer.start()
+        assert wait_until(lambda: _pipe_is_full(reader), 60)
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(QUICK) == -signal.SIGTERM
+        assert wait_until(lambda: not session_members(proc.pid), 10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+        os.close(reader)
+
+
+def test_with_standard_error_closed_the_import_output_does_not_reach_the_results(tmp_path):
+    script = tmp_path / "noisy.py"
+    script.write_text("print('loading noisy')\ndef f(text):\n    return text.upper()\n")
+    proc = _shell(f"{sys.executable} -m pool map {script}:f a b 2>&-")
+    assert (proc.returncode, proc.stdout) == (0, "A\nB\n")

@@ -17,6 +17,10 @@ from pool._cli_output import (Failure, Progress, json_failure, json_result, plai
 from pool._cli_run import Halt
 
 
+def never() -> bool:
+    return False
+
+
 def records(data: bytes, nul: bool = False) -> list[bytes]:
     import tempfile
     with tempfile.TemporaryFile() as file:
@@ -91,10 +95,10 @@ def test_json_lines_are_objects_with_the_value_or_the_error():
 
 def test_the_joblog_reads_back_what_it_wrote_last_entry_winning(tmp_path):
     path = tmp_path / "log"
-    log = Joblog(open(path, "w"), write_header=True)
-    log.write(Entry(1, 0.0, 0.5, "error", 1, None, 7, 1, "KeyError", "a\tb"))
-    log.write(Entry(2, 0.0, 0.5, "ok", 0, None, 7, 1, "", "c"))
-    log.write(Entry(1, 0.0, 0.5, "ok", 0, None, 8, 2, "", "a\tb"))
+    log = Joblog.open(str(path), append=False)
+    log.write([Entry(1, 0.0, 0.5, "error", 1, None, 7, 1, "KeyError", "a\tb"),
+               Entry(2, 0.0, 0.5, "ok", 0, None, 7, 1, "", "c")], never)
+    log.write([Entry(1, 0.0, 0.5, "ok", 0, None, 8, 2, "", "a\tb")], never)
     log.close()
     assert path.read_text().splitlines()[0] == "\t".join(HEADER)
     finished = read_joblog(str(path))
@@ -186,10 +190,6 @@ def test_the_window_holds_the_reader_at_its_size_until_a_place_is_given_back():
     assert not window.take()
 
 
-def never() -> bool:
-    return False
-
-
 def test_lines_keep_input_order_and_write_the_rest_past_the_gaps_at_an_early_end(tmp_path):
     path = tmp_path / "out"
     with open(path, "wb") as out:
@@ -260,3 +260,50 @@ def test_a_closed_pipe_and_a_full_device_are_the_two_output_errors():
             lines.put(1, "x")
             with pytest.raises(OutputFailed, match="No space left"):
                 lines.flush()
+
+
+def test_a_blocked_write_gives_up_at_a_line_break():
+    read_end, write_end = os.pipe()
+    try:
+        lines = Lines(write_end, Window(10), ordered=False, joblog=None, give_up=lambda: True)
+        with pytest.raises(WriteAbandoned):
+            for seq in range(1, 100):
+                lines.put(seq, "y" * 999)         # 1000-byte lines: 4 to a PIPE_BUF write
+        os.set_blocking(read_end, False)
+        data = b""
+        while True:
+            try:
+                chunk = os.read(read_end, 1 << 16)
+            except BlockingIOError:
+                break
+            data += chunk
+        assert data and data.endswith(b"\n") and len(data) % 1000 == 0
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_lines_lost_at_a_closed_output_are_dropped_and_the_written_ones_logged(tmp_path):
+    log_path = tmp_path / "log"
+    log = Joblog.open(str(log_path), append=False)
+    read_end, write_end = os.pipe()
+    try:
+        lines = Lines(write_end, Window(10), ordered=False, joblog=log, give_up=never)
+        lines.put(1, "first", Entry(1, 0.0, 0.1, "ok", 0, None, 7, 1, "", "1"))
+        lines.flush()
+        os.close(read_end)
+        lines.put(2, "second", Entry(2, 0.0, 0.1, "ok", 0, None, 7, 1, "", "2"))
+        with pytest.raises(OutputClosed):
+            lines.flush()
+        assert [entry.seq for entry in lines.dropped] == [2]
+        assert [line.split("\t")[0] for line in log_path.read_text().splitlines()[1:]] == ["1"]
+    finally:
+        os.close(write_end)
+        log.close()
+
+
+def test_a_seq_that_is_a_digit_but_not_a_number_is_not_an_entry(tmp_path):
+    path = tmp_path / "log"
+    path.write_text("\t".join(HEADER) + "\n\u00b2\t0\t0\tok\t0\t-\t1\t1\t-\tx\n")
+    with pytest.raises(JoblogError, match="not a job log entry"):
+        read_joblog(str(path))
