@@ -9,6 +9,7 @@ function, opening the input and the job log, and the exit status; the run itself
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import importlib
 import multiprocessing
@@ -343,6 +344,9 @@ def _fill_closed_standard_fds() -> frozenset[int]:
 
 
 def _die_by(signum: int) -> None:
+    # What the interpreter's exit would do first: the atexit functions (multiprocessing
+    # removes its temporary directory there), and the streams flushed.
+    atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         _flush_quietly(stream)
     signal.signal(signum, signal.SIG_DFL)

@@ -921,8 +921,11 @@ def test_a_closed_output_pipe_in_a_shell_pipeline(tmp_path):
 
 
 def start_sleepers(command, tmp_path: Path, *options: str) -> tuple[Command, list[int]]:
+    """The command with two inputs running and one queued; its temporary files (its own
+    and multiprocessing's) go to ``tmp_path / "tmp"``."""
+    (tmp_path / "tmp").mkdir()
     cmd = command("-j", "2", *options, "cli_functions:act", "sleep60", "sleep61", "sleep62",
-                  env=env_for(tmp_path))
+                  env=env_for(tmp_path, TMPDIR=str(tmp_path / "tmp")))
     return cmd, [pid_in(tmp_path / "pid-sleep60"), pid_in(tmp_path / "pid-sleep61")]
 
 
@@ -946,6 +949,7 @@ def test_ctrl_c_stops_the_run_by_sigint(command, tmp_path, method):
     cmd, sleepers = start_sleepers(command, tmp_path, "--start-method", method)
     os.kill(cmd.proc.pid, signal.SIGINT)        # the command alone: not its workers
     assert_ended_cleanly(cmd, sleepers, signal.SIGINT, "interrupted")
+    assert list((tmp_path / "tmp").iterdir()) == []     # its temporary files removed
 
 
 @pytest.mark.timeout(90)
@@ -979,6 +983,7 @@ def test_sigterm_and_sighup_stop_the_run_with_128_plus_the_signal(command, tmp_p
     cmd, sleepers = start_sleepers(command, tmp_path, "--start-method", method)
     os.kill(cmd.proc.pid, signum)
     assert_ended_cleanly(cmd, sleepers, signum, signum.name)
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 @pytest.mark.timeout(90)
