@@ -27,7 +27,6 @@ Assumes: it is the main thread (signals land here) and the pool's workers ignore
 from __future__ import annotations
 
 import collections
-import dataclasses
 import enum
 import os
 import queue
@@ -42,15 +41,15 @@ from typing import Any, Callable, Iterator, NamedTuple
 
 from . import _cli_output as output
 from ._cli_inputs import Input
-from ._cli_joblog import Joblog, JoblogError, Resume
+from ._cli_joblog import JoblogError
 from ._cli_lines import Lines, Messages, OutputClosed, OutputFailed, Window
-from ._cli_write import WriteAbandoned
+from ._cli_options import Halt, Options
 from ._cli_results import Results, short
 from ._cli_task import Report, run_job, setup_worker, take_capture
+from ._cli_write import WriteAbandoned
 from ._errors import WorkerTerminated
 from ._executor import ProcessPool
 
-RETRY_KINDS = ("died", "timeout", "error")
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 # How long the run waits for the next event before it writes out the lines it holds.
@@ -60,43 +59,6 @@ _CHORES_SECONDS = 0.1
 
 # After a stop signal, how long a reader that is slow to take the last lines is waited for.
 _LAST_WRITES_SECONDS = 2.0
-
-# ``--halt ...,fail=P%`` is judged once this many inputs have finished (fewer prove nothing).
-HALT_MIN_FINISHED = 10
-
-
-class Halt(NamedTuple):
-    """``--halt now|soon,fail=N|P%``."""
-    now: bool
-    failures: int | None
-    percent: float | None
-
-    def reached(self, failed: int, finished: int) -> bool:
-        if self.failures is not None:
-            return failed >= self.failures
-        assert self.percent is not None
-        return finished >= HALT_MIN_FINISHED and failed * 100 >= self.percent * finished
-
-
-@dataclasses.dataclass
-class Options:
-    """What the command line asked for, checked and resolved (``_cli``)."""
-    function: Callable[..., Any]
-    workers: int
-    chunksize: int
-    mp_context: Any
-    as_json: bool
-    tag: bool
-    unordered: bool
-    progress: bool
-    timeout: float | None
-    retries: int
-    retry_on: frozenset[str]
-    halt: Halt | None
-    joblog: Joblog | None
-    resume: Resume | None                   # --resume, --resume-failed
-    window: int
-
 
 class End(enum.Enum):
     """Why the run ended."""

@@ -14,7 +14,7 @@ from pool._cli_lines import Lines, OutputClosed, OutputFailed, Window, WriteAban
 from pool._cli_joblog import HEADER, Entry, Joblog, JoblogError, escape, read_joblog
 from pool._cli_output import (Failure, Progress, json_failure, json_result, plain_failure,
                               plain_result, summary_line, tagged)
-from pool._cli_run import Halt
+from pool._cli_options import Halt
 
 
 def never() -> bool:
