@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import logging
 import os
 import queue
 import shutil
@@ -176,6 +177,9 @@ class Run:
                 signal.signal(signum, self._on_signal)
         # Made and removed while the signals are ours: a signal cannot leave it behind.
         self.capture_directory = tempfile.mkdtemp(prefix="pool-map-")
+        # The run reports each death with its input: the pool's own warning would repeat it.
+        pool_logger = logging.getLogger("pool")
+        pool_logger.addFilter(_not_a_task_death)
         try:
             end = End.INTERNAL
             try:
@@ -190,6 +194,7 @@ class Run:
                     self.results.failed -= 1
             self._report_end(end)
         finally:
+            pool_logger.removeFilter(_not_a_task_death)
             shutil.rmtree(self.capture_directory, ignore_errors=True)
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -459,6 +464,10 @@ def _post(events: queue.SimpleQueue[tuple[str, Any]]) -> Callable[[Future[Any]],
     def done(future: Future[Any]) -> None:
         events.put(("done", future))
     return done
+
+
+def _not_a_task_death(record: logging.LogRecord) -> bool:
+    return getattr(record, "pool_event", None) != "worker_died"
 
 
 def _inputs(number: int) -> str:

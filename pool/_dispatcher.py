@@ -61,7 +61,8 @@ from typing import Any, Callable, Iterator
 
 from . import _exit, _state, _teardown, _wire
 from ._commands import Command, Shutdown, StopTask, Submit, Sync, TaskRecord, Terminate
-from ._errors import PoolInternalError, TaskInfo, WorkerProtocolError, describe_exit
+from ._errors import (PoolInternalError, TaskInfo, WorkerDied, WorkerProtocolError,
+                      describe_exit)
 from ._futures import CallbackRunner, Latch, PoolFuture, install_on_dispatcher_thread
 from ._outcomes import StartFailures, failure, format_error, fresh, resolve
 from ._state import StateMachine
@@ -512,9 +513,26 @@ class Dispatcher:
                                    _state.FailTerminated)):
                 assert death is not None
                 record = self._tasks.pop(action.task_id)
-                resolve(record.future, None, failure(action, death, record.info))
+                error = failure(action, death, record.info)
+                if isinstance(error, WorkerDied):
+                    self._log_death(error)
+                resolve(record.future, None, error)
             else:
                 work += self._perform_one(action)
+
+    def _log_death(self, error: WorkerDied) -> None:
+        """One WARNING per worker that died while running a task (the caller may never
+        look at the future: a fire-and-forget submit), with the facts in ``extra`` for
+        structured handlers. (An idle worker's death is logged in ``_worker_gone``; a
+        timeout or a stop, which the pool itself caused, is not a death to warn of.)"""
+        logger.warning(
+            "%s: worker pid %d died (%s) while running %s; that task failed with "
+            "WorkerDied", self.name, error.pid, describe_exit(error.exitcode),
+            error.task.describe(),
+            extra={"pool_event": "worker_died", "pool_name": self.name,
+                   "pool_worker_pid": error.pid, "pool_exitcode": error.exitcode,
+                   "pool_signal": error.signal_name, "pool_task": error.task.describe(),
+                   "pool_task_id": error.task.task_id})
 
     def _perform_one(self, action: _state.Action) -> list[_state.Action]:
         if isinstance(action, _state.Send):
