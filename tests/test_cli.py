@@ -1126,11 +1126,13 @@ def test_resume_after_a_run_killed_while_writing_its_log_appends_whole_lines(tmp
 def test_an_internal_error_stops_the_workers_and_exits_255(tmp_path):
     inject = ("import sys, pool._cli_run as run\n"
               "def broken(*args): raise RuntimeError('injected fault')\n"
-              "run.Results.succeeded = broken\n"
+              "run.Results.failed_input = broken\n"
               "from pool._cli import main\n"
               "sys.exit(main(sys.argv[1:]))\n")
-    proc = subprocess.Popen([sys.executable, "-c", inject, "map", "-j", "4",
-                             "cli_functions:act", "sleep60", *"abcdefgh"],
+    # The fault comes with the failure of an input that fails only once sleep60 runs, so
+    # a worker is busy when it comes.
+    proc = subprocess.Popen([sys.executable, "-c", inject, "map", "-j", "2",
+                             "cli_functions:act", "sleep60", "failwhen:sleep60", "a", "b"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, cwd=str(TESTS_DIR),
                             env=env_for(tmp_path), start_new_session=True)
