@@ -115,12 +115,6 @@ def counter(fd: int, nul: bool, jsonl: bool) -> Callable[[], int] | None:
     return functools.partial(_count, fd, offset, b"\0" if nul else b"\n", jsonl)
 
 
-def count(fd: int, nul: bool, jsonl: bool) -> int | None:
-    """How many inputs ``fd`` holds from its current offset, if it is a regular file."""
-    counting = counter(fd, nul, jsonl)
-    return None if counting is None else counting()
-
-
 def _count(fd: int, offset: int, separator: bytes, jsonl: bool) -> int:
     if jsonl:
         return sum(1 for record in _split(_blocks(fd, offset), separator) if record.strip())

@@ -191,10 +191,7 @@ class Messages:
         pass   # (nothing is buffered)
 
     def isatty(self) -> bool:
-        try:
-            return self._fd is not None and os.isatty(self._fd)
-        except OSError:
-            return False
+        return self._fd is not None and os.isatty(self._fd)
 
 
 def _pipe_watch(fd: int) -> Callable[[], bool] | None:

@@ -102,7 +102,7 @@ class Run:
         messages = Messages(stderr_fd, self._give_up)
         progress = (output.Progress(messages, tty=messages.isatty(), interval=3.0)
                     if options.progress and stderr_fd is not None else None)
-        self.stdout_is_tty = _isatty(stdout_fd)
+        self.stdout_is_tty = os.isatty(stdout_fd)
         self.results = Results(
             Lines(stdout_fd, self.window, ordered=not options.unordered,
                   joblog=options.joblog, give_up=self._give_up),
@@ -472,10 +472,3 @@ def _not_a_task_death(record: logging.LogRecord) -> bool:
 
 def _inputs(number: int) -> str:
     return f"{number} input" if number == 1 else f"{number} inputs"
-
-
-def _isatty(fd: int) -> bool:
-    try:
-        return os.isatty(fd)
-    except OSError:
-        return False

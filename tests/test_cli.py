@@ -1161,11 +1161,20 @@ def test_one_signal_stops_a_run_blocked_writing_to_a_pipe_nobody_reads(tmp_path,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT if stderr_too else subprocess.DEVNULL,
                             cwd=str(TESTS_DIR), start_new_session=True)
+    with proc.stdout:                              # 1.6 MB of output: more than a pipe holds
+        assert_one_sigterm_ends_it_once_full(proc, b"x" * 4000 + b"\n", 400,
+                                             proc.stdout.fileno(), 30)
+
+
+def assert_one_sigterm_ends_it_once_full(proc: subprocess.Popen, line: bytes, times: int,
+                                         pipe: int, seconds: float) -> None:
+    """Feeds ``line`` ``times`` to the command's standard input until the pipe read at
+    ``pipe`` is full (the command blocks writing it), then sends one SIGTERM: the command
+    must die of it promptly, leaving nothing of its session. Kills it in any case."""
     try:
-        line = b"x" * 4000 + b"\n"
-        writer = threading.Thread(target=_feed, args=(proc.stdin, line, 400), daemon=True)
-        writer.start()                             # 1.6 MB of output: more than a pipe holds
-        assert wait_until(lambda: _pipe_is_full(proc.stdout.fileno()), 30)
+        writer = threading.Thread(target=_feed, args=(proc.stdin, line, times), daemon=True)
+        writer.start()
+        assert wait_until(lambda: _pipe_is_full(pipe), seconds)
         os.kill(proc.pid, signal.SIGTERM)
         assert proc.wait(QUICK) == -signal.SIGTERM
         assert wait_until(lambda: not session_members(proc.pid), 10)
@@ -1173,7 +1182,6 @@ def test_one_signal_stops_a_run_blocked_writing_to_a_pipe_nobody_reads(tmp_path,
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        proc.stdout.close()
 
 
 @pytest.mark.timeout(90)
@@ -1299,18 +1307,8 @@ def test_one_signal_stops_a_run_whose_stderr_nobody_reads(tmp_path):
     proc = subprocess.Popen([*MAP, "-j", "2", "--chunksize", "100", "builtins:int"],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, cwd=str(TESTS_DIR), start_new_session=True)
-    try:
-        writer = threading.Thread(target=_feed, args=(proc.stdin, b"x\n", 20_000), daemon=True)
-        writer.start()
-        assert wait_until(lambda: _pipe_is_full(proc.stderr.fileno()), 30)
-        os.kill(proc.pid, signal.SIGTERM)
-        assert proc.wait(QUICK) == -signal.SIGTERM
-        assert wait_until(lambda: not session_members(proc.pid), 10)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        proc.stderr.close()
+    with proc.stderr:
+        assert_one_sigterm_ends_it_once_full(proc, b"x\n", 20_000, proc.stderr.fileno(), 30)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads a pipe's fill level (Linux)")
@@ -1319,23 +1317,14 @@ def test_one_signal_stops_a_run_whose_job_log_is_a_pipe_nobody_reads(tmp_path):
     fifo = tmp_path / "log"
     os.mkfifo(fifo)
     reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)     # there, but never reading
-    proc = subprocess.Popen([*MAP, "-j", "2", "--chunksize", "100", "--joblog", str(fifo),
-                             "builtins:len"], stdin=subprocess.PIPE,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            cwd=str(TESTS_DIR), start_new_session=True)
     try:
-        writer = threading.Thread(target=_feed, args=(proc.stdin, b"ab\n", 200_000),
-                                  daemon=True)
-        writer.start()
-        assert wait_until(lambda: _pipe_is_full(reader), 60)
-        os.kill(proc.pid, signal.SIGTERM)
-        assert proc.wait(QUICK) == -signal.SIGTERM
-        assert wait_until(lambda: not session_members(proc.pid), 10)
+        proc = subprocess.Popen([*MAP, "-j", "2", "--chunksize", "100", "--joblog",
+                                 str(fifo), "builtins:len"], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                cwd=str(TESTS_DIR), start_new_session=True)
+        with proc.stderr:
+            assert_one_sigterm_ends_it_once_full(proc, b"ab\n", 200_000, reader, 60)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        proc.stderr.close()
         os.close(reader)
 
 
