@@ -12,11 +12,16 @@ from ._errors import (ArgumentPicklingError, ArgumentUnpicklingError, Initialize
                       TaskTimeout, WorkerDied, WorkerProtocolError, WorkerTerminated)
 from ._executor import ProcessPool, ProcessPoolExecutor
 from ._futures import PoolFuture
+from ._progress import as_completed
+from ._stats import PoolStats, WorkerStats
 
 __all__ = [
     "ProcessPool",
     "ProcessPoolExecutor",
     "PoolFuture",
+    "PoolStats",
+    "as_completed",
+    "WorkerStats",
     "WorkerDied",
     "TaskTimeout",
     "WorkerTerminated",

@@ -9,7 +9,7 @@ from concurrent.futures.process import BrokenProcessPool
 import pool
 from helpers import REPO_DIR
 
-PUBLIC = ["ProcessPool", "ProcessPoolExecutor", "PoolFuture", "WorkerDied", "TaskTimeout",
+PUBLIC = ["ProcessPool", "ProcessPoolExecutor", "PoolFuture", "PoolStats", "WorkerStats", "as_completed", "WorkerDied", "TaskTimeout",
           "WorkerTerminated", "InitializerError",
           "PoolInternalError", "WorkerProtocolError", "RemoteTaskError", "ResultTransferError",
           "ArgumentPicklingError", "ArgumentUnpicklingError", "TaskInfo", "__version__"]
