@@ -26,7 +26,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future, _base
-from typing import Any, Generator, TypeVar
+from typing import Any, Callable, Generator, TypeVar
 
 T = TypeVar("T")
 
@@ -106,6 +106,10 @@ class PoolFuture(Future[T]):
     _stopper: Any = None  # set by the pool: the dispatcher that can stop the task
     _task_id = 0
     _stop_requested = False
+    # The pool's own hook (progress counting), called once, when the future is done, on
+    # whichever thread resolved it, before the done-callbacks are handed on: it only puts
+    # a number on a queue, so it may run on the dispatcher thread. See ``on_done``.
+    _on_done: Callable[[Future[Any]], None] | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -216,7 +220,21 @@ class PoolFuture(Future[T]):
         if state != _base.CANCELLED:  # cancel() already ran the callbacks
             self._invoke_callbacks()
 
+    def on_done(self, hook: Callable[[Future[Any]], None]) -> None:
+        """Call the pool's ``hook(future)`` once this future is done (at once if it is):
+        unlike a done-callback it runs on the resolving thread, so it must never block or
+        raise (one per future; for the pool's own use)."""
+        with self._condition:
+            if self._state not in _DONE_STATES:
+                self._on_done = hook
+                return
+        hook(self)
+
     def _invoke_callbacks(self) -> None:
+        hook = self._on_done
+        if hook is not None:
+            self._on_done = None
+            hook(self)
         runner: CallbackRunner | None = getattr(_dispatcher_local, "runner", None)
         if runner is None:
             _run_callbacks(self)  # a caller's thread (cancel()): run them here, as stdlib

@@ -24,7 +24,7 @@ from concurrent import futures
 from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar, Union
 
-from ._futures import Latch
+from ._futures import Latch, PoolFuture
 
 T = TypeVar("T")
 
@@ -72,7 +72,16 @@ class Progress:
                 self._thread = threading.Thread(target=self._run, name="pool-progress",
                                                 daemon=True)
                 self._thread.start()
-        future.add_done_callback(lambda f: self._counts.put(0 if f.cancelled() else items))
+        count = self._counts.put
+
+        def counted(f: Future[Any]) -> None:
+            count(0 if f.cancelled() else items)
+
+        if isinstance(future, PoolFuture):
+            future.on_done(counted)  # no hop through a callback thread: the pool's futures
+            # are resolved by its dispatcher, which may put a number on a queue
+        else:
+            future.add_done_callback(counted)
 
     def finish(self, *, wait: bool) -> None:
         """No more futures will be tracked. With ``wait`` (the caller saw every result),
