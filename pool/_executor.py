@@ -201,6 +201,14 @@ class ProcessPool(Executor):
         If a chunk fails, its first result raises; leaving the iterator early cancels what
         has not started. The pool's ``task_timeout`` applies to each chunk.
         """
+        return self._map(fn, iterables, timeout, chunksize, buffersize)
+
+    def _map(self, fn: Callable[..., T], iterables: tuple[Iterable[Any], ...],
+             timeout: float | None, chunksize: int, buffersize: int | None,
+             through: Callable[[Callable[[], PoolFuture[Any]]], PoolFuture[Any]] | None = None
+             ) -> Iterator[T]:
+        """``map``; ``through``, if given, makes each of its submissions (a lease counts
+        its own futures: ``_shared.Lease``)."""
         if not isinstance(chunksize, int) or chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
         if buffersize is not None and not isinstance(buffersize, int):
@@ -226,7 +234,7 @@ class ProcessPool(Executor):
         else:
             fn_error = None
 
-        def submit_batch(args: tuple[Any, ...]) -> Future[Any]:
+        def submit_batch(args: tuple[Any, ...]) -> PoolFuture[Any]:
             # Each batch fails on its own, as with the stdlib: the others still run.
             if fn_error is not None:
                 return _failed(fresh(fn_error))  # one instance per future, as the stdlib
@@ -235,6 +243,12 @@ class ProcessPool(Executor):
             except ArgumentPicklingError as exc:
                 return _failed(exc)
             return self._dispatcher.submit(fn, args, {}, body, self._task_timeout)
+
+        if through is not None:
+            submit_plainly = submit_batch
+
+            def submit_batch(args: tuple[Any, ...]) -> PoolFuture[Any]:
+                return through(lambda: submit_plainly(args))
 
         futures: collections.deque[Future[Any]] = collections.deque()
         try:
