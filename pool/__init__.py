@@ -9,14 +9,18 @@ from __future__ import annotations
 
 from ._errors import (ArgumentPicklingError, ArgumentUnpicklingError, InitializerError,
                       PoolInternalError, RemoteTaskError, ResultTransferError, TaskInfo,
-                      TaskTimeout, WorkerDied, WorkerProtocolError, WorkerTerminated)
+                      SharedPoolConflict, TaskTimeout, WorkerDied, WorkerProtocolError,
+                      WorkerTerminated)
 from ._executor import ProcessPool, ProcessPoolExecutor
 from ._futures import PoolFuture
+from ._shared import Lease, shared
 
 __all__ = [
     "ProcessPool",
     "ProcessPoolExecutor",
     "PoolFuture",
+    "shared",
+    "Lease",
     "WorkerDied",
     "TaskTimeout",
     "WorkerTerminated",
@@ -27,6 +31,7 @@ __all__ = [
     "ResultTransferError",
     "ArgumentPicklingError",
     "ArgumentUnpicklingError",
+    "SharedPoolConflict",
     "TaskInfo",
     "__version__",
 ]
