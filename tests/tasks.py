@@ -443,3 +443,9 @@ def init_fails_with(_):
 def value_and_pid(x):
     """``(x, the worker's pid)``: what ran, and where."""
     return x, os.getpid()
+
+
+def sleep_then_touch(seconds, path):
+    """Sleep, then create ``path``: proof that the task ran to its end."""
+    time.sleep(seconds)
+    open(path, "w").close()
