@@ -1,28 +1,25 @@
 """The shared pool: one ``ProcessPool`` per process, lent out as leases (``pool.shared()``).
 
-Owns: the registry (the shared pool of the moment, the options it was made with, its open
-leases) and each ``Lease``'s own bookkeeping (open or released, its futures, its submissions
-in progress).
-Runs in: the callers' threads, any number at once (``shared()`` and a lease's methods), and
-the at-fork hook in a forked child. The pool is an ordinary ``ProcessPool``: its dispatcher
-thread runs the tasks, and ``pool._exit`` ends it with the interpreter, as every pool.
+Owns: the registry (the shared pool of the moment, its options, its open leases) and each
+``Lease``'s bookkeeping (open or released, its futures, its submissions in progress).
+Runs in: the callers' threads, any number at once, and the at-fork hook in a forked child.
+The pool itself is an ordinary ``ProcessPool``: its dispatcher thread runs the tasks, and
+``pool._exit`` ends it with the interpreter, as every pool.
 Guarantees:
-- one shared pool at a time per process: the first ``shared()`` makes it; every later call
-  whose options it has gets a lease on it (an option not named is not asked for);
-- a pool with a lease out is never replaced or shut down by anyone: a call asking for other
-  options raises ``SharedPoolConflict`` naming them. With no lease out, such a call replaces
-  the pool (the old one finishes what it was given, then ends); so does any call once the
-  pool is broken (its dispatcher failed, or its initializer kept failing);
-- ``Lease.shutdown()`` ends that lease only: it refuses new work, waits for (or with
-  ``cancel_futures`` cancels) the lease's own futures, never anyone else's, and never shuts
-  the pool down. A lease dropped without it is released when it is freed;
-- the pool outlives its last lease: its workers exit after ``idle_timeout`` of idleness and
-  start again on demand; the pool ends at interpreter exit;
-- a forked child never uses its parent's pool: the registry is emptied in the child (the
-  parent's pool untouched), its first ``shared()`` makes a pool of its own, and a lease it
-  inherited refuses work and releases at once.
+- one shared pool at a time: the first ``shared()`` makes it; a later call whose named
+  options it has gets a lease on it (an option not named is not asked for);
+- a pool with a lease out is never replaced or shut down: a call asking for other options
+  raises ``SharedPoolConflict`` naming them. With no lease out such a call replaces the pool
+  (the old one finishes what it was given, then ends); so does any call once it is broken;
+- ``Lease.shutdown()`` ends that lease only: it refuses new work, and waits for (or with
+  ``cancel_futures`` cancels) the lease's own futures, never anyone else's. A lease dropped
+  without it is released when it is freed;
+- the pool outlives its last lease (its workers exit after ``idle_timeout`` idle, and start
+  again on demand) until interpreter exit;
+- a forked child never uses its parent's pool: the registry is emptied in the child, which
+  makes a pool of its own; a lease it inherited refuses work and releases at once.
 Assumes: ``ProcessPool``'s parameters are ``SharedOptions``' keys (asserted); a pool's
-constructor, which runs under the registry's lock, does not call ``shared()``.
+constructor, run under the registry's lock, does not call ``shared()``.
 """
 
 from __future__ import annotations
@@ -89,8 +86,8 @@ class _Entry:
 
 _lock = threading.Lock()  # guards _current and every _Entry.leases; held briefly, by callers
 _current: _Entry | None = None
-_defaults: dict[str, Any] = {}
-_PENDING = {"idle_timeout"}  # ProcessPool's, with the shared idle_timeout (first call)
+_defaults: dict[str, Any] = {}  # ProcessPool's, with the shared idle_timeout (first call)
+_PENDING = {"idle_timeout"}  # TEMPORARY: not yet a ProcessPool parameter on this branch
 
 
 def shared(**options: Unpack[SharedOptions]) -> Lease:
@@ -131,7 +128,6 @@ def shared(**options: Unpack[SharedOptions]) -> Lease:
             if _current is not None:
                 _current.pool.shutdown(wait=False)  # finishes what it was given, then ends
             _current = entry
-            _hook_forks()
         lease = Lease(entry)
         entry.leases.add(lease)
         return lease
@@ -339,16 +335,6 @@ def _default_options() -> dict[str, Any]:
     return _defaults
 
 
-_forks_hooked = False
-
-
-def _hook_forks() -> None:
-    global _forks_hooked
-    if not _forks_hooked:
-        _forks_hooked = True
-        os.register_at_fork(after_in_child=_forget_in_child)
-
-
 def _forget_in_child() -> None:
     """In a forked child, while it has one thread: its parent's shared pool is not its own.
     The registry is emptied and made anew (another thread may have held its lock at the
@@ -359,6 +345,9 @@ def _forget_in_child() -> None:
     if _current is not None:
         _current.pool._finalizer.detach()
         _current = None
+
+
+os.register_at_fork(after_in_child=_forget_in_child)  # (cheap: two assignments per fork)
 
 
 def discard() -> None:
