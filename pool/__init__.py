@@ -13,12 +13,17 @@ from ._errors import (ArgumentPicklingError, ArgumentUnpicklingError, Initialize
                       WorkerTerminated)
 from ._executor import ProcessPool, ProcessPoolExecutor
 from ._futures import PoolFuture
+from ._progress import as_completed
+from ._stats import PoolStats, WorkerStats
 from ._shared import Lease, shared
 
 __all__ = [
     "ProcessPool",
     "ProcessPoolExecutor",
     "PoolFuture",
+    "PoolStats",
+    "as_completed",
+    "WorkerStats",
     "shared",
     "Lease",
     "WorkerDied",

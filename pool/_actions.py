@@ -58,8 +58,9 @@ class FailTerminated:
 
 @dataclass(frozen=True, slots=True)
 class Stopped:
-    """The caller stopped this task: it never started, or its worker was killed."""
+    """The caller stopped this task: it never started, or (``ran``) its worker was killed."""
     task_id: int
+    ran: bool = False
 
 
 @dataclass(frozen=True, slots=True)

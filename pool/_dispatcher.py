@@ -66,6 +66,7 @@ from ._errors import (PoolInternalError, TaskInfo, WorkerDied, WorkerProtocolErr
 from ._futures import CallbackRunner, Latch, PoolFuture, install_on_dispatcher_thread
 from ._outcomes import StartFailures, failure, format_error, fresh, resolve
 from ._state import StateMachine
+from ._stats import Counters, PoolStats, WorkerStats
 from ._wakeup import Wakeup
 from ._wire import Frame, Kind
 from ._worker import Initializer
@@ -96,8 +97,8 @@ class Dispatcher:
     def __init__(self, *, max_workers: int, mp_context: Any, initializer: Initializer | None,
                  max_tasks_per_child: int | None, max_memory_per_child: int | None = None,
                  pipeline_depth: int = PIPELINE_DEPTH,
-                 timeouts: _state.Timeouts = _state.Timeouts()
-                 ) -> None:
+                 timeouts: _state.Timeouts = _state.Timeouts(),
+                 idle_timeout: float | None = None) -> None:
         self.name = f"pool-dispatcher-{next(_dispatcher_numbers)}"
         self._ctx = mp_context
         self._fork = mp_context.get_start_method() == "fork"
@@ -107,7 +108,8 @@ class Dispatcher:
         self._timeouts = timeouts
         self._machine = StateMachine(max_workers, time.monotonic,
                                      max_tasks_per_child=max_tasks_per_child,
-                                     pipeline_depth=pipeline_depth, timeouts=timeouts)
+                                     pipeline_depth=pipeline_depth, timeouts=timeouts,
+                                     idle_timeout=idle_timeout)
         self._tasks: dict[int, TaskRecord] = {}
         self._workers: dict[int, WorkerHandle] = {}  # slot index -> live worker
         self._abandoned: list[WorkerHandle] = []     # survived SIGKILL's grace; reported
@@ -116,6 +118,8 @@ class Dispatcher:
         self._callbacks = CallbackRunner(f"{self.name}-callbacks")
         self._injected_fault: BaseException | None = None  # tests: make the loop fail
         self._decoded_errors: list[BaseException] = []  # this turn's; see release_frames
+        self._counters = Counters()
+        self._failed = False  # the loop failed (see _fail_everything)
         # Shared with caller threads: guarded by _lock (never taken by the loop itself
         # except to publish a failure).
         self._lock = threading.Lock()
@@ -135,10 +139,11 @@ class Dispatcher:
         self.broken_error: BaseException | None = None
         # Published by the loop for callers to read (replaced whole, never mutated): the
         # live workers' Process objects by pid (``executor._processes``), and
-        # ``StateMachine.census()`` when a caller last asked (``snapshot``, for ``repr``;
-        # not every turn: nothing else reads it).
+        # ``StateMachine.census()`` and the stats when a caller last asked (``snapshot``,
+        # for ``repr`` and ``stats()``; not every turn: nothing else reads them).
         self.processes: dict[int, Any] = {}
         self.census = (0, 0)
+        self.stats: PoolStats = self._counters.snapshot(0, 0, ())
         self._thread: threading.Thread | None = None
         self._wakeup: Wakeup | None = None
         self._lifeline: tuple[int, int] | None = None
@@ -183,8 +188,9 @@ class Dispatcher:
 
     def snapshot(self, timeout: float = 5.0) -> tuple[dict[int, Any], tuple[int, int]]:
         """``(processes, census)`` once the loop has acted on everything queued before this
-        call (caller thread; see ``live_processes``)."""
+        call (caller thread; see ``live_processes``); ``self.stats`` is then as fresh."""
         if os.getpid() != self._owner_pid:
+            self.stats = Counters().snapshot(0, 0, ())
             return {}, (0, 0)  # a forked copy of the parent: none of these are its own
         latch = Latch()
         with self._lock:
@@ -201,8 +207,11 @@ class Dispatcher:
         return self.processes, self.census
 
     def stop_task(self, task_id: int) -> None:
-        """Ask for a task to be stopped (caller thread; ``PoolFuture.stop``)."""
-        self._command(StopTask(task_id))
+        """Ask for a task to be stopped (caller thread: ``PoolFuture.stop``, and ``cancel``,
+        so that a cancelled task leaves the queue at once; a cancel by the loop itself, of a
+        task it has already ended, needs no command)."""
+        if threading.current_thread() is not self._thread:
+            self._command(StopTask(task_id))
 
     def _command(self, command: Command) -> None:
         """Hand the loop a command (caller thread); dropped once the loop has ended."""
@@ -357,6 +366,7 @@ class Dispatcher:
             if isinstance(command, Submit):
                 record = command.record
                 self._tasks[record.info.task_id] = record
+                self._counters.submitted += 1
                 pipelinable = _wire.size_of(record.body) <= PIPELINE_MAX_BYTES
                 self._perform(self._machine.submit(record.info.task_id, pipelinable=pipelinable,
                                                    timeout=record.timeout, schedule=False))
@@ -454,6 +464,7 @@ class Dispatcher:
             if not in_flight or in_flight[0] != frame.task_id:
                 return False
             outcome = self._tasks[frame.task_id].outcome = _wire.decode_outcome(frame)
+            worker.tasks_run += 1
             if not outcome[0]:
                 self._decoded_errors.append(outcome[1])
             self._perform(self._machine.task_replied(slot, frame.task_id))
@@ -471,6 +482,8 @@ class Dispatcher:
             self._lingering[ended.pid] = time.monotonic() + self._timeouts.kill
         running = self._machine.slots[slot].in_flight
         state = self._machine.slots[slot].state
+        if state is not _state.SlotState.STOPPING:  # it ended without being asked to
+            self._counters.worker_died(ended.exitcode)
         if state is _state.SlotState.STARTING:
             self._start_failures.worker_ended(worker.start_error, ended)
         elif not running and state is not _state.SlotState.STOPPING:
@@ -516,6 +529,9 @@ class Dispatcher:
                 error = failure(action, death, record.info)
                 if isinstance(error, WorkerDied):
                     self._log_death(error)
+                self._count_end(record, "failed" if isinstance(action, _state.FailDied) else
+                                "timed_out" if isinstance(action, _state.FailTimedOut) else
+                                "stopped")
                 resolve(record.future, None, error)
             else:
                 work += self._perform_one(action)
@@ -534,6 +550,14 @@ class Dispatcher:
                    "pool_signal": error.signal_name, "pool_task": error.task.describe(),
                    "pool_task_id": error.task.task_id})
 
+    def _count_end(self, record: TaskRecord, outcome: str) -> None:
+        """Count how a task ended (for ``stats()``); a task its caller stopped while it ran
+        ends cancelled, whatever came back: it counts as stopped."""
+        if record.future._stop_requested:
+            outcome = "stopped"
+        counters = self._counters
+        setattr(counters, outcome, getattr(counters, outcome) + 1)
+
     def _perform_one(self, action: _state.Action) -> list[_state.Action]:
         if isinstance(action, _state.Send):
             return self._send(action.slot, self._tasks[action.task_id])
@@ -541,20 +565,26 @@ class Dispatcher:
             record = self._tasks.pop(action.task_id)
             assert record.outcome is not None
             ok, value = record.outcome
+            self._count_end(record, "completed" if ok else "failed")
             resolve(record.future, value if ok else None, None if ok else value)
         elif isinstance(action, _state.FailMisbehaved):
             record = self._tasks.pop(action.task_id)
             pid = self._workers[action.slot].pid
+            self._count_end(record, "failed")
             resolve(record.future, None, WorkerProtocolError(
                 f"worker pid {pid} sent bytes that are not a reply while running "
                 f"{record.info.describe()}: {self._workers[action.slot].reader.error}"))
         elif isinstance(action, _state.FailBroken):
             record = self._tasks.pop(action.task_id)
+            self._count_end(record, "failed")
             resolve(record.future, None, self._start_failures.error(_state.MAX_START_FAILURES))
         elif isinstance(action, _state.Cancel):
+            self._counters.cancelled += 1
             self._tasks.pop(action.task_id).future.cancel()
         elif isinstance(action, _state.Stopped):
-            self._tasks.pop(action.task_id).future._end_cancelled()
+            record = self._tasks.pop(action.task_id)
+            self._count_end(record, "stopped" if action.ran else "cancelled")
+            record.future._end_cancelled()
         elif isinstance(action, _state.Spawn):
             return self._spawn(action.slot)
         elif isinstance(action, _state.Reclaim):
@@ -589,6 +619,7 @@ class Dispatcher:
     def _send(self, slot: int, record: TaskRecord) -> list[_state.Action]:
         if not record.marked_running:
             if not record.future.set_running_or_notify_cancel():
+                self._counters.cancelled += 1
                 self._tasks.pop(record.info.task_id)
                 return self._machine.task_cancelled(slot, record.info.task_id)
             record.marked_running = True
@@ -628,11 +659,26 @@ class Dispatcher:
         except Exception as exc:
             self._start_failures.spawn_raised(exc)
             return self._machine.spawn_failed(slot)
+        self._counters.workers_started += 1
         self._publish_processes()
         return []
 
     def _publish_census(self) -> None:
-        self.census = self._machine.census()
+        """Publish the census and the stats (on a caller's ``Sync``, and at the end)."""
+        queued, sent = self.census = (0, 0) if self._failed else self._machine.census()
+        now = time.monotonic()
+        workers = []
+        for slot, worker in sorted(self._workers.items()):
+            in_flight = self._machine.slots[slot].in_flight
+            task_id = in_flight[0] if in_flight and not self._failed else None
+            started = None if task_id is None else self._machine.started_at(task_id)
+            workers.append(WorkerStats(
+                pid=worker.pid, tasks_run=worker.tasks_run,
+                current_task=None if task_id is None else self._tasks[task_id].info,
+                running_for=None if started is None else now - started, rss=None))
+        running = 0 if self._failed else sum(1 for slot in self._machine.slots
+                                             if slot.in_flight)
+        self.stats = self._counters.snapshot(queued + sent - running, running, tuple(workers))
 
     def _publish_processes(self) -> None:
         self.processes = {w.pid: w.process for w in self._workers.values()
@@ -654,11 +700,14 @@ class Dispatcher:
         for command in self._take_commands():
             if isinstance(command, Submit):
                 pending.append(command.record)
+                self._counters.submitted += 1
             elif isinstance(command, Sync):
                 command.done.set()
         for record in pending:
+            self._counters.failed += 1
             resolve(record.future, None, fresh(error))
         self._tasks.clear()
+        self._failed = True  # the machine's records no longer describe anything
         for worker in self._workers.values():
             worker.signal(signal.SIGKILL)
 

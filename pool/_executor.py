@@ -30,7 +30,9 @@ from ._errors import ArgumentPicklingError
 from ._outcomes import fresh
 from ._main_guard import check_main_is_guarded, check_not_daemonic
 from ._futures import PoolFuture
+from ._progress import Progress, ProgressTarget
 from ._records import Timeouts
+from ._stats import PoolStats, with_memory
 from ._worker import Initializer, prepare_initargs
 
 
@@ -88,6 +90,9 @@ class ProcessPool(Executor):
         holding the stack it was stuck in; its worker is killed and replaced.
     ``max_memory_per_child``
         bytes of resident memory: a worker above it after a task is replaced.
+    ``idle_timeout``
+        seconds a worker may sit idle before it exits (``None``: workers stay until
+        shutdown). New work starts workers again, as at first.
     ``stop_grace``, ``terminate_grace``, ``kill_grace``
         how ending a worker escalates, in seconds: an idle worker asked to stop gets
         ``stop_grace`` (3) to exit before SIGTERM; after SIGTERM it gets ``terminate_grace``
@@ -106,8 +111,9 @@ class ProcessPool(Executor):
     def __init__(self, max_workers: int | None = None, mp_context: Any = None,
                  initializer: Callable[..., Any] | None = None, initargs: tuple[Any, ...] = (),
                  *, max_tasks_per_child: int | None = None, task_timeout: float | None = None,
-                 max_memory_per_child: int | None = None, stop_grace: float = 3.0,
-                 terminate_grace: float = 0.5, kill_grace: float = 5.0) -> None:
+                 max_memory_per_child: int | None = None, idle_timeout: float | None = None,
+                 stop_grace: float = 3.0, terminate_grace: float = 0.5,
+                 kill_grace: float = 5.0) -> None:
         if max_workers is None:
             max_workers = _cpu_count()
         elif not isinstance(max_workers, int) or isinstance(max_workers, bool):
@@ -128,6 +134,7 @@ class ProcessPool(Executor):
             if max_memory_per_child <= 0:
                 raise ValueError("max_memory_per_child must be > 0")
         self._task_timeout = _seconds("task_timeout", task_timeout, optional=True)
+        idle_timeout = _seconds("idle_timeout", idle_timeout, optional=True)
         timeouts = Timeouts(stop=_seconds("stop_grace", stop_grace),
                             terminate=_seconds("terminate_grace", terminate_grace),
                             kill=_seconds("kill_grace", kill_grace))
@@ -146,7 +153,7 @@ class ProcessPool(Executor):
                                       initializer=initializer_setup,
                                       max_tasks_per_child=max_tasks_per_child,
                                       max_memory_per_child=max_memory_per_child,
-                                      timeouts=timeouts)
+                                      timeouts=timeouts, idle_timeout=idle_timeout)
         self._main_checked = False  # see _check_first_use
         # A pool dropped without shutdown() still finishes its work and releases its
         # processes; the dispatcher holds no reference back to this object.
@@ -192,7 +199,8 @@ class ProcessPool(Executor):
         return self._dispatcher.submit(fn, args, kwargs, body, timeout)
 
     def map(self, fn: Callable[..., T], *iterables: Iterable[Any], timeout: float | None = None,
-            chunksize: int = 1, buffersize: int | None = None) -> Iterator[T]:
+            chunksize: int = 1, buffersize: int | None = None,
+            progress: ProgressTarget | None = None) -> Iterator[T]:
         """Like ``map(fn, *iterables)``, run in the pool; results come in input order.
 
         ``chunksize`` items travel and run as one task (the function is pickled once per
@@ -200,11 +208,16 @@ class ProcessPool(Executor):
         that many chunks are submitted ahead of the result being yielded, as in 3.14.
         If a chunk fails, its first result raises; leaving the iterator early cancels what
         has not started. The pool's ``task_timeout`` applies to each chunk.
+
+        ``progress``: an object with ``update(n)`` (a ``tqdm`` bar) or a callable taking
+        ``n``, told how many items are done as their tasks finish (failed ones included),
+        on a thread of its own; see README.rst, "Progress".
         """
-        return self._map(fn, iterables, timeout, chunksize, buffersize)
+        return self._map(fn, iterables, timeout, chunksize, buffersize, progress)
 
     def _map(self, fn: Callable[..., T], iterables: tuple[Iterable[Any], ...],
              timeout: float | None, chunksize: int, buffersize: int | None,
+             progress: ProgressTarget | None,
              through: Callable[[Callable[[], PoolFuture[Any]]], PoolFuture[Any]] | None = None
              ) -> Iterator[T]:
         """``map``; ``through``, if given, makes each of its submissions (a lease counts
@@ -216,6 +229,7 @@ class ProcessPool(Executor):
         if buffersize is not None and buffersize < 1:
             raise ValueError("buffersize must be None or > 0")
         end_time = None if timeout is None else timeout + time.monotonic()
+        reporter = None if progress is None else Progress(progress)
         self._dispatcher.check_open()
         if not self._main_checked:
             self._check_first_use()
@@ -235,6 +249,12 @@ class ProcessPool(Executor):
             fn_error = None
 
         def submit_batch(args: tuple[Any, ...]) -> PoolFuture[Any]:
+            future = submit_one(args) if through is None else through(lambda: submit_one(args))
+            if reporter is not None:
+                reporter.track(future, len(args[0]) if chunksize > 1 else 1)
+            return future
+
+        def submit_one(args: tuple[Any, ...]) -> PoolFuture[Any]:
             # Each batch fails on its own, as with the stdlib: the others still run.
             if fn_error is not None:
                 return _failed(fresh(fn_error))  # one instance per future, as the stdlib
@@ -244,12 +264,6 @@ class ProcessPool(Executor):
                 return _failed(exc)
             return self._dispatcher.submit(fn, args, {}, body, self._task_timeout)
 
-        if through is not None:
-            submit_plainly = submit_batch
-
-            def submit_batch(args: tuple[Any, ...]) -> PoolFuture[Any]:
-                return through(lambda: submit_plainly(args))
-
         futures: collections.deque[Future[Any]] = collections.deque()
         try:
             for args in itertools.islice(batches, buffersize):
@@ -257,9 +271,11 @@ class ProcessPool(Executor):
         except BaseException:
             for future in futures:
                 future.cancel()
+            if reporter is not None:
+                reporter.finish(wait=False)
             raise
         results = _ordered_results(futures, batches if buffersize else iter(()),
-                                   submit_batch, end_time)
+                                   submit_batch, end_time, reporter)
         if chunksize > 1:
             return _items_of_chunks(results)
         return results
@@ -269,6 +285,19 @@ class ProcessPool(Executor):
         the caller's own code (a main script without its ``__main__`` guard)."""
         check_main_is_guarded(self._mp_context.get_start_method())
         self._main_checked = True
+
+    def stats(self) -> PoolStats:
+        """A snapshot of what the pool has done and is doing: tasks queued, running,
+        completed, failed, cancelled, stopped and timed out; workers started and deaths by
+        cause; and per live worker its pid, tasks run, current task and resident memory.
+        See :class:`pool.PoolStats`.
+
+        Exact: taken on the pool's thread once it has acted on everything this thread did
+        before (a task just submitted is counted; one just cancelled is not queued), and
+        cheap: no worker is asked anything (memory is read from ``/proc``).
+        """
+        self._dispatcher.snapshot()
+        return with_memory(self._dispatcher.stats)
 
     @property
     def _processes(self) -> dict[int, Any]:
@@ -391,7 +420,8 @@ def _items_of_chunks(chunks: Iterator[list[Any]]) -> Iterator[Any]:
 
 def _ordered_results(futures: collections.deque[Future[Any]], more: Iterator[tuple[Any, ...]],
                      submit_batch: Callable[[tuple[Any, ...]], Future[Any]],
-                     end_time: float | None) -> Iterator[Any]:
+                     end_time: float | None, reporter: Progress | None) -> Iterator[Any]:
+    complete = False
     try:
         while futures:
             args = next(more, None)
@@ -401,9 +431,12 @@ def _ordered_results(futures: collections.deque[Future[Any]], more: Iterator[tup
             # No local names the future while the result is out with the caller: once
             # yielded, a result is kept alive by nothing here.
             yield _result_or_cancel(futures.popleft(), timeout)
+        complete = True
     finally:
         for future in futures:
             future.cancel()
+        if reporter is not None:  # every result seen: the last counts reach the bar first
+            reporter.finish(wait=complete)
 
 
 def _result_or_cancel(future: Future[Any], timeout: float | None) -> Any:

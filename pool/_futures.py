@@ -175,9 +175,15 @@ class PoolFuture(Future[T]):
         return super().exception(0)
 
     def cancel(self) -> bool:
-        cancelled = super().cancel()
+        with self._condition:
+            pending = self._state == _base.PENDING
+            cancelled = super().cancel()
         if cancelled:
             self._wake()
+            if pending and self._stopper is not None:
+                # Tell the pool now, not when the task reaches the head of its queue: the
+                # task leaves the queue (and the counts of stats()) at once.
+                self._stopper.stop_task(self._task_id)
         return cancelled
 
     def set_result(self, result: T) -> None:

@@ -124,3 +124,5 @@ class Slot:
     escalation: Escalation | None = None
     deadline: float | None = None
     ending: Ending | None = None    # set while the pool ends it with a task running
+    idle_since: float | None = None  # when it last became READY with nothing in flight
+    idled_out: bool = False         # its worker was stopped for idling: refilled on demand only

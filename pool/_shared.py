@@ -37,6 +37,7 @@ from . import _exit
 from ._errors import SharedPoolConflict, _safe_repr, callable_name
 from ._executor import _POOL_DEFAULT, ProcessPool, _cpu_count, _means_stop, default_context
 from ._futures import Latch, PoolFuture
+from ._progress import ProgressTarget
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -72,7 +73,7 @@ class _Entry:
     set by itself)."""
 
     def __init__(self, options: dict[str, Any]) -> None:
-        self.pool = ProcessPool(**{k: v for k, v in options.items() if k not in _PENDING})
+        self.pool = ProcessPool(**options)
         self.options = options
         self.compared = {name: _compared(name, value) for name, value in options.items()}
         self.leases: weakref.WeakSet[Lease] = weakref.WeakSet()
@@ -87,7 +88,6 @@ class _Entry:
 _lock = threading.Lock()  # guards _current and every _Entry.leases; held briefly, by callers
 _current: _Entry | None = None
 _defaults: dict[str, Any] = {}  # ProcessPool's, with the shared idle_timeout (first call)
-_PENDING = {"idle_timeout"}  # TEMPORARY: not yet a ProcessPool parameter on this branch
 
 
 def shared(**options: Unpack[SharedOptions]) -> Lease:
@@ -178,10 +178,12 @@ class Lease(Executor):
         return self._admit(lambda: self._pool.schedule(fn, args, kwargs, timeout=timeout))
 
     def map(self, fn: Callable[..., T], *iterables: Iterable[Any], timeout: float | None = None,
-            chunksize: int = 1, buffersize: int | None = None) -> Iterator[T]:
+            chunksize: int = 1, buffersize: int | None = None,
+            progress: ProgressTarget | None = None) -> Iterator[T]:
         """``ProcessPool.map`` in the shared pool; its tasks are the lease's."""
         self._check_open()
-        return self._pool._map(fn, iterables, timeout, chunksize, buffersize, self._admit)
+        return self._pool._map(fn, iterables, timeout, chunksize, buffersize, progress,
+                               self._admit)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Release the lease: refuse new work; with ``cancel_futures``, cancel the lease's
@@ -326,9 +328,7 @@ def _default_options() -> dict[str, Any]:
     """``ProcessPool``'s defaults, with the shared pool's own ``idle_timeout``."""
     if not _defaults:
         parameters = inspect.signature(ProcessPool).parameters
-        # TEMPORARY, until ProcessPool(idle_timeout=) is merged from main: accepted, unused.
-        _PENDING.difference_update(parameters)
-        assert set(parameters) | _PENDING == SharedOptions.__optional_keys__, (
+        assert set(parameters) == SharedOptions.__optional_keys__, (
             "SharedOptions must list ProcessPool's parameters", set(parameters))
         _defaults.update({name: p.default for name, p in parameters.items()},
                          idle_timeout=IDLE_TIMEOUT)

@@ -15,6 +15,8 @@ Guarantees:
 - a task's timeout counts from the moment it becomes RUNNING; when it passes, its worker is
   asked for its stack and then killed, and escalation continues until the process is gone
   or given up on;
+- with an ``idle_timeout``, a READY worker with nothing in flight for that long is asked to
+  stop, and its slot is refilled only when queued work needs it (not at once);
 - every task ends in exactly one of DONE, FAILED or CANCELLED, and every slot ends EMPTY
   or UNUSED before the machine reports ``closed``;
 - an impossible transition raises ``InvalidTransition`` at once (an internal error).
@@ -68,8 +70,9 @@ class StateMachine:
 
     def __init__(self, max_workers: int, clock: Callable[[], float], *,
                  max_tasks_per_child: int | None = None, pipeline_depth: int = 1,
-                 timeouts: Timeouts = Timeouts()) -> None:
+                 timeouts: Timeouts = Timeouts(), idle_timeout: float | None = None) -> None:
         assert max_workers >= 1 and pipeline_depth >= 1
+        assert idle_timeout is None or idle_timeout > 0
         self._clock = clock
         self.slots = [Slot(i) for i in range(max_workers)]
         self.phase = Phase.OPEN
@@ -81,6 +84,7 @@ class StateMachine:
         self._max_tasks = max_tasks_per_child
         self._depth = pipeline_depth
         self._timeouts = timeouts
+        self._idle_timeout = idle_timeout
         # How many slots are in each state: lets _schedule, which runs on every event,
         # skip its passes over the slots when they cannot do anything.
         self._in_state = collections.Counter({SlotState.UNUSED: max_workers})
@@ -100,6 +104,11 @@ class StateMachine:
     def queued(self) -> list[int]:
         return list(self._queue)
 
+    def started_at(self, task_id: int) -> float | None:
+        """When a task started RUNNING (the machine's clock); None if it has not, or ended."""
+        task = self._tasks.get(task_id)
+        return None if task is None or task.state is not TaskState.RUNNING else task.started
+
     def census(self) -> tuple[int, int]:
         """``(queued, sent)``: tasks waiting for a worker, and tasks a worker holds."""
         return len(self._queue), sum(len(slot.in_flight) for slot in self.slots)
@@ -111,6 +120,8 @@ class StateMachine:
         for slot in self.slots:
             if slot.deadline is not None:
                 deadlines.append(slot.deadline)
+            if (idle_at := self._idle_deadline(slot)) is not None:
+                deadlines.append(idle_at)
             if not slot.in_flight or slot.state not in _RUNNING_STATES:
                 continue
             head = self._tasks[slot.in_flight[0]]
@@ -138,6 +149,10 @@ class StateMachine:
         self._in_state[slot.state] -= 1
         self._in_state[new] += 1
         slot.state = new
+        if new is SlotState.STARTING:
+            slot.idled_out = False
+        elif new is SlotState.READY and not slot.in_flight:
+            slot.idle_since = self._clock()
         if new is not SlotState.STOPPING:
             slot.escalation = slot.deadline = slot.ending = None
         if new is SlotState.EMPTY:
@@ -204,6 +219,8 @@ class StateMachine:
         task = self._tasks[task_id]
         if task.started is not None:
             slot.last_duration = self._clock() - task.started
+        if not slot.in_flight:
+            slot.idle_since = self._clock()
         self._move_task(task, TaskState.DONE)
         self.start_failures = 0
         actions: list[Action] = [Resolve(task_id)]
@@ -245,6 +262,8 @@ class StateMachine:
         was_running = slot.in_flight[0] == task_id
         slot.in_flight.remove(task_id)
         slot.assigned_count -= 1
+        if not slot.in_flight:
+            slot.idle_since = self._clock()
         if was_running and slot.in_flight:
             return slot, self._start_running(slot, self._tasks[slot.in_flight[0]])
         return slot, []
@@ -346,6 +365,8 @@ class StateMachine:
                                     f"not tasks in flight there {in_flight}")
         head_taken = in_flight[0] in taken
         slot.in_flight = deque(t for t in in_flight if t not in taken)
+        if not slot.in_flight:
+            slot.idle_since = self._clock()
         slot.assigned_count -= len(task_ids)
         actions = self._requeue(task_ids)
         if head_taken and slot.in_flight:
@@ -370,6 +391,10 @@ class StateMachine:
                 actions.append(self._escalate(slot, Escalation.DUMPING))
                 slot.ending = Ending.TIMED_OUT
         for slot in self.slots:
+            idle_at = self._idle_deadline(slot)
+            if idle_at is not None and idle_at <= now:
+                slot.idled_out = True
+                actions.append(self._ask_to_stop(slot))
             if slot.deadline is None or slot.deadline > now:
                 continue
             assert slot.state is SlotState.STOPPING and slot.escalation is not None
@@ -393,6 +418,14 @@ class StateMachine:
                 heads.append((slot, head, reclaim_at))
         return heads
 
+    def _idle_deadline(self, slot: Slot) -> float | None:
+        """When the slot's worker has idled long enough to be stopped; None if it never
+        does (no ``idle_timeout``, busy, not READY, or the pool is not open)."""
+        if (self._idle_timeout is None or slot.state is not SlotState.READY or slot.in_flight
+                or self.phase is not Phase.OPEN or slot.idle_since is None):
+            return None
+        return slot.idle_since + self._idle_timeout
+
     @staticmethod
     def _reclaim_deadline(slot: Slot, head: Task) -> float | None:
         """When the tasks queued behind ``head`` (running in ``slot``) are to be taken back;
@@ -409,7 +442,7 @@ class StateMachine:
         task = self._tasks[slot.in_flight.popleft()]
         if slot.ending is Ending.STOPPED:
             self._move_task(task, TaskState.CANCELLED)
-            return Stopped(task.task_id)
+            return Stopped(task.task_id, ran=True)
         self._move_task(task, TaskState.FAILED)
         if slot.ending is Ending.TIMED_OUT:
             assert task.timeout is not None
@@ -501,8 +534,9 @@ class StateMachine:
         actions: list[Action] = []
         capacity = 0  # places where a queued task could start soon
         for slot in self.slots:
-            if slot.state is SlotState.EMPTY and self.phase is Phase.OPEN:
-                # Refill: a slot that ran a worker gets a new one, work or not.
+            if slot.state is SlotState.EMPTY and self.phase is Phase.OPEN and not slot.idled_out:
+                # Refill: a slot that ran a worker gets a new one, work or not (unless it
+                # was stopped for idling: then only when work needs it, below).
                 self._move_slot(slot, SlotState.STARTING)
                 actions.append(Spawn(slot.index))
             if slot.state is SlotState.STARTING or (slot.state is SlotState.READY

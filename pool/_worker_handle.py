@@ -123,6 +123,7 @@ class WorkerHandle:
         self.reader = FrameReader(reply_fd)
         self.crash_fd = crash_fd
         self.start_error: BaseException | None = None  # from an INIT_FAILED frame
+        self.tasks_run = 0  # replies received: tasks it finished (for stats)
         self.outbox: list[tuple[int, _wire.Buffers]] = []  # CALL frames queued this turn
         self.room = _wire.PipeRoom(task_fd)
         self.writer: _FrameWriter | None = None  # writing a large frame, in a thread

@@ -9,8 +9,8 @@ from concurrent.futures.process import BrokenProcessPool
 import pool
 from helpers import REPO_DIR
 
-PUBLIC = ["ProcessPool", "ProcessPoolExecutor", "PoolFuture", "shared", "Lease",
-          "SharedPoolConflict", "WorkerDied", "TaskTimeout",
+PUBLIC = ["ProcessPool", "ProcessPoolExecutor", "PoolFuture", "PoolStats", "WorkerStats",
+          "as_completed", "shared", "Lease", "SharedPoolConflict", "WorkerDied", "TaskTimeout",
           "WorkerTerminated", "InitializerError",
           "PoolInternalError", "WorkerProtocolError", "RemoteTaskError", "ResultTransferError",
           "ArgumentPicklingError", "ArgumentUnpicklingError", "TaskInfo", "__version__"]

@@ -21,6 +21,11 @@ EXPECTED = {
         r"task 3: __main__\.work\(2\)$", r"^Fatal Python error: Segmentation fault$",
         r"line \d+ in work$", r"^9$", r"^16$"],
     1: [r"^100$"],
+    2: [r"^<PoolStats 2 running, 1 queued, 1 completed; 2 workers \(2 started\)>$",
+        r"^worker pid \d+ died \(signal SIGKILL \(9\)\) while running task 2: "
+        r"__main__\.work\(60\)",
+        r"^<PoolStats 0 running, 0 queued, 3 completed, 1 failed; "
+        r"2 workers \(3 started, 1 died: SIGKILL x1\)>$"],
 }
 
 

@@ -326,7 +326,7 @@ def test_stopping_a_running_task_kills_its_worker_and_cancels_it():
     start(m, 0, 1)
     assert m.stop_task(1) == [Signal(0, signal.SIGKILL)]
     assert m.slots[0].ending is Ending.STOPPED
-    assert m.worker_exited(0) == [Stopped(1), Spawn(0)]
+    assert m.worker_exited(0) == [Stopped(1, ran=True), Spawn(0)]
     assert m.task_state(2) is TaskState.RUNNING  # the other worker's task is untouched
 
 
@@ -348,7 +348,7 @@ def test_stopping_a_task_the_worker_already_read_stops_it_when_it_starts():
     assert m.stop_task(2) == [Reclaim(0)]
     assert m.tasks_reclaimed(0, []) == []  # too late: it was read
     assert m.task_replied(0, 1) == [Resolve(1), Signal(0, signal.SIGKILL)]
-    assert m.worker_exited(0) == [Stopped(2), Spawn(0)]
+    assert m.worker_exited(0) == [Stopped(2, ran=True), Spawn(0)]
 
 
 def test_tasks_behind_one_that_runs_long_are_taken_back_once_and_run_elsewhere():
@@ -472,7 +472,7 @@ def test_a_worker_given_up_on_is_dropped_and_its_task_fails():
     assert m.tick() == [Unreaped(0)]
     assert m.slots[0].escalation is Escalation.GIVEN_UP
     # The dispatcher reports the pid and drops the process; the slot is refilled.
-    assert m.worker_exited(0) == [Stopped(1), Spawn(0)]
+    assert m.worker_exited(0) == [Stopped(1, ran=True), Spawn(0)]
 
 
 def test_small_tasks_queue_behind_a_worker_only_while_its_tasks_are_short():
@@ -485,3 +485,71 @@ def test_small_tasks_queue_behind_a_worker_only_while_its_tasks_are_short():
     clock.now += 5  # task 2 turned out long: 3 and 4 waited behind it (the price)...
     assert m.task_replied(0, 2) == [Resolve(2)]  # ...but nothing more joins them
     assert m.task_replied(0, 3) == [Resolve(3), Send(0, 5)]  # 3 was short again
+
+
+# -- idle_timeout ---------------------------------------------------------------------------
+
+def test_an_idle_worker_is_stopped_after_idle_timeout_and_not_refilled_until_work_comes():
+    m, clock = machine(2, idle_timeout=10.0)
+    m.submit(1)
+    start(m, 0)
+    assert m.next_deadline() is None  # busy: no idle clock runs
+    clock.now += 3
+    m.task_replied(0, 1)  # idle from now
+    assert m.next_deadline() == clock.now + 10
+    clock.now += 9.9
+    assert m.tick() == []
+    clock.now += 0.1
+    assert m.tick() == [Stop(0)]
+    assert m.slots[0].state is SlotState.STOPPING
+    assert m.worker_exited(0) == []  # not refilled: nothing needs a worker
+    assert m.slots[0].state is SlotState.EMPTY
+    assert m.next_deadline() is None  # an idle pool with no workers never wakes up
+    assert m.submit(2) == [Spawn(0)]  # new work starts a worker again
+    assert m.worker_ready(0) == [Send(0, 2)]
+
+
+def test_the_idle_clock_restarts_with_each_task_and_spares_busy_workers():
+    m, clock = machine(2, idle_timeout=10.0)
+    m.submit(1), m.submit(2)
+    start(m, 0, 1)
+    m.task_replied(0, 1)
+    clock.now += 8
+    m.submit(3)  # slot 0 is idle: it takes it, and its idle clock stops
+    assert m.task_state(3) is TaskState.RUNNING
+    clock.now += 8
+    assert m.tick() == []  # slot 0 busy, slot 1 still running task 2
+    m.task_replied(0, 3)
+    clock.now += 9
+    assert m.tick() == []
+    clock.now += 1
+    assert m.tick() == [Stop(0)]
+    assert m.slots[1].state is SlotState.READY  # still running task 2
+
+
+def test_idle_workers_are_not_stopped_for_idling_once_draining():
+    m, clock = machine(1, idle_timeout=10.0)
+    m.submit(1)
+    start(m, 0)
+    m.task_replied(0, 1)
+    assert m.shutdown(cancel_futures=False) == [Stop(0)]  # stopped by the shutdown
+    clock.now += 20  # past the idle timeout and the stop grace: escalation, no second Stop
+    assert m.tick() == [Signal(0, signal.SIGTERM)]
+    assert not m.slots[0].idled_out
+
+
+def test_a_worker_that_dies_while_idle_is_still_refilled_at_once():
+    m, clock = machine(1, idle_timeout=10.0)
+    m.submit(1)
+    start(m, 0)
+    m.task_replied(0, 1)
+    assert m.worker_exited(0) == [Spawn(0)]  # a death, not an idle stop: refill as before
+
+
+def test_a_stopped_running_task_says_it_ran_and_a_stopped_queued_one_says_it_did_not():
+    m, _ = machine(1)
+    m.submit(1), m.submit(2)
+    start(m, 0)
+    assert m.stop_task(2) == [Stopped(2, ran=False)]
+    m.stop_task(1)
+    assert m.worker_exited(0) == [Stopped(1, ran=True), Spawn(0)]

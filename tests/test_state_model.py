@@ -4,7 +4,7 @@ A small simulated dispatcher owns fake worker processes and feeds the machine ev
 a real one could produce, in random order: submissions (some with timeouts), READY,
 replies, deaths (with tasks left unread), tasks taken back from a pipe, cancellations and
 failed writes discovered at send time, garbage, over-memory reports, stop requests, shutdown, terminate / kill, and the
-passing of time (which fires timeouts and escalation; a process given up on is dropped, as
+passing of time (which fires timeouts, idle stops and escalation; a process given up on is dropped, as
 the dispatcher does). Whatever happens, the machine must accept it, end every task
 exactly once, and close once everything is done.
 """
@@ -36,11 +36,13 @@ class World:
         self.machine = StateMachine(
             self.rng.randint(1, 3), self.clock,
             max_tasks_per_child=self.rng.choice([None, 1, 2, 5]),
-            pipeline_depth=self.rng.choice([1, 2, 3]), timeouts=Timeouts(3, 2, 5))
+            pipeline_depth=self.rng.choice([1, 2, 3]), timeouts=Timeouts(3, 2, 5),
+            idle_timeout=self.rng.choice([None, None, 0.5, 5]))
         self.alive: dict[int, dict] = {}     # slot -> fake process: {"ready": bool}
         self.ended: dict[int, str] = {}      # task id -> how it ended
         self.next_task = 1
         self.shut = False
+        self.unscheduled = False  # the last event queued a task without scheduling
 
     def perform(self, actions):
         work = list(actions)
@@ -103,10 +105,13 @@ class World:
         choices += ["terminate"] * (1 if rng.random() < 0.01 else 0)
         choices += ["tick", "schedule"]
         choice = rng.choice(choices)
+        if choice not in ("tick", "stop", "terminate"):  # these events schedule nothing
+            self.unscheduled = False
         if choice == "submit":
             task_id, self.next_task = self.next_task, self.next_task + 1
             timeout = rng.choice([None, None, 0.5, 3])
             burst = rng.random() < 0.3  # queued now, scheduled by the next event
+            self.unscheduled = burst
             self.perform(m.submit(task_id, pipelinable=rng.random() < 0.7, timeout=timeout,
                                   schedule=not burst))
         elif choice == "shutdown":
@@ -177,8 +182,14 @@ def test_random_event_sequences_keep_every_guarantee(seed):
     try:
         for _ in range(world.rng.randint(0, 300)):
             world.step()
-            counted = {state: n for state, n in world.machine._in_state.items() if n}
-            assert counted == collections.Counter(s.state for s in world.machine.slots)
+            m = world.machine
+            counted = {state: n for state, n in m._in_state.items() if n}
+            assert counted == collections.Counter(s.state for s in m.slots)
+            if m.queued and not (m.broken or m.terminating or world.unscheduled):
+                # queued work always has a worker starting or running
+                assert any(s.state not in (SlotState.UNUSED, SlotState.EMPTY)
+                           for s in m.slots), "work queued, no worker started or running"
+
         world.finish()
     except InvalidTransition as exc:
         pytest.fail(f"seed {seed}: the machine refused a legal event: {exc}")

@@ -32,6 +32,20 @@ def typed_use() -> None:
         assert_type(asyncio.run(main(executor)), int)
         for done in cf.as_completed([future]):
             assert_type(done, cf.Future[tuple[int, str]])
+        stats = executor.stats()
+        assert_type(stats, pool.PoolStats)
+        assert_type(stats.completed, int)
+        for worker in stats.workers:
+            assert_type(worker, pool.WorkerStats)
+            assert_type(worker.rss, int | None)
+            assert_type(worker.current_task, pool.TaskInfo | None)
+        seen: list[int] = []
+        counted = executor.map(work, [1, 2], chunksize=2, progress=seen.append)
+        assert_type(counted, Iterator[tuple[int, str]])
+        for finished in pool.as_completed([future], timeout=5.0, progress=Bar()):
+            assert_type(finished, cf.Future[tuple[int, str]])
+        idle = pool.ProcessPool(2, idle_timeout=30.0)
+        idle.shutdown()
         base: cf.Executor = executor  # still a concurrent.futures.Executor
         assert_type(base.submit(work, 3), cf.Future[tuple[int, str]])
         executor.shutdown(wait=True, cancel_futures=False)
@@ -62,7 +76,15 @@ def shared_use() -> None:
         assert_type(conflict.differing, dict[str, tuple[str, str]])
 
 
+class Bar:
+    """What tqdm offers, as far as progress= needs it."""
+
+    def update(self, n: int = 1) -> bool | None:
+        return None
+
+
 def rejected(executor: pool.ProcessPool) -> None:
+    executor.map(work, [1], progress=42)  # type: ignore[arg-type]
     executor.submit(work, "not an int")  # type: ignore[arg-type]
     executor.submit(work, 1, label=2)  # type: ignore[arg-type]
     pool.shared(max_worker=2)  # type: ignore[call-arg]

@@ -1,0 +1,146 @@
+"""Progress reporting without a dependency: ``map(..., progress=bar)`` and
+``as_completed(fs, progress=bar)`` call ``bar.update(n)`` with counts of items done.
+
+Owns: one ``Progress`` per call given a progress object, and the thread that calls it.
+Runs in: futures report from whatever thread resolves them (their done-callbacks, which the
+pool runs off its dispatcher thread); the progress object itself is called only on the
+``Progress``'s own thread, one call at a time, with the counts that arrived meanwhile added
+together (a burst of results is one ``update``).
+Guarantees: a progress object that is slow or blocks delays no result and never runs on the
+pool's thread; counts are items (a ``map`` chunk of 100 counts 100), of tasks that finished,
+failed or not; cancelled ones are not counted. When the caller has seen every result,
+``finish`` waits (a bounded time) until every count was delivered, so a bar reads 100%
+when the loop ends. A progress object that raises is logged once and not called again.
+Assumes: the object has ``update(n)`` (tqdm, enlighten) or is a callable taking ``n`` (for
+rich, ``lambda n: progress.advance(task, n)``).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from concurrent import futures
+from concurrent.futures import Future
+from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar, Union
+
+from ._futures import Latch
+
+T = TypeVar("T")
+
+logger = logging.getLogger("pool")
+
+# How long the end of a loop waits for a progress object to take the last counts. Past
+# this the object is stuck (the loop's results are all delivered anyway): say so, go on.
+FINISH_SECONDS = 5.0
+
+
+class SupportsUpdate(Protocol):
+    """What ``progress=`` takes: anything with ``update(n)``, as tqdm and enlighten have."""
+
+    def update(self, n: int, /) -> object: ...
+
+
+ProgressTarget = Union[SupportsUpdate, Callable[[int], object]]
+
+
+class Progress:
+    """Counts items done, from any thread, and reports them on a thread of its own, which
+    runs only while some tracked future has not been counted (a ``map`` never iterated,
+    or left early, leaves no thread behind once its tasks are done)."""
+
+    def __init__(self, target: ProgressTarget) -> None:
+        update = getattr(target, "update", None)
+        if not callable(update):
+            if not callable(target):
+                raise TypeError(f"progress must have an update(n) method or be a callable "
+                                f"taking n, not {target!r}")
+            update = target
+        self._update: Callable[[int], object] = update
+        self._counts: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._outstanding = 0       # futures tracked whose count is not yet delivered
+        self._thread: threading.Thread | None = None
+        self._drained: Latch | None = None
+        self._silent = False        # finished early, or the object raised: not called again
+
+    def track(self, future: Future[Any], items: int) -> None:
+        """Count ``items`` once ``future`` is done (unless it was cancelled)."""
+        with self._lock:
+            self._outstanding += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="pool-progress",
+                                                daemon=True)
+                self._thread.start()
+        future.add_done_callback(lambda f: self._counts.put(0 if f.cancelled() else items))
+
+    def finish(self, *, wait: bool) -> None:
+        """No more futures will be tracked. With ``wait`` (the caller saw every result),
+        return once every count has been given to the progress object (or after
+        ``FINISH_SECONDS``, if it is stuck). Without, later counts are not reported."""
+        if not wait:
+            self._silent = True
+            return
+        drained = Latch()
+        with self._lock:
+            thread = self._thread
+            self._drained = drained
+            if self._outstanding == 0:
+                drained.set()
+        if not drained.wait(FINISH_SECONDS):
+            logger.warning("pool: the progress object has not taken the last counts in "
+                           "%g s; not waiting for it", FINISH_SECONDS)
+        elif thread is not None:
+            thread.join(FINISH_SECONDS)  # it has nothing left to do: it ends at once
+
+    def _run(self) -> None:
+        while True:
+            seen, total = 1, self._counts.get()
+            while True:  # everything that arrived meanwhile: one update
+                try:
+                    more = self._counts.get_nowait()
+                except queue.Empty:
+                    break
+                seen, total = seen + 1, total + more
+            if total and not self._silent:
+                try:
+                    self._update(total)
+                except BaseException:
+                    self._silent = True
+                    logger.exception("pool: the progress object raised; it is not called "
+                                     "again")
+            with self._lock:
+                self._outstanding -= seen
+                if self._outstanding == 0:
+                    self._thread = None
+                    if self._drained is not None:
+                        self._drained.set()
+                    return
+
+
+def as_completed(fs: Iterable[Future[T]], timeout: float | None = None, *,
+                 progress: ProgressTarget | None = None) -> Iterator[Future[T]]:
+    """``concurrent.futures.as_completed``, which also tells ``progress`` (an object with
+    ``update(n)``, or a callable taking ``n``) as each future finishes: ``update(1)`` per
+    future, on a thread of its own; cancelled futures are not counted. Works with any
+    ``concurrent.futures`` futures, not only the pool's."""
+    if progress is None:
+        return futures.as_completed(fs, timeout)
+    reporter = Progress(progress)  # a bad progress object fails here, at the call
+    return _reporting(futures.as_completed(_tracked(fs, reporter), timeout), reporter)
+
+
+def _tracked(fs: Iterable[Future[T]], reporter: Progress) -> set[Future[T]]:
+    unique = set(fs)
+    for future in unique:
+        reporter.track(future, 1)
+    return unique
+
+
+def _reporting(done: Iterator[Future[T]], reporter: Progress) -> Iterator[Future[T]]:
+    complete = False
+    try:
+        yield from done
+        complete = True
+    finally:
+        reporter.finish(wait=complete)
