@@ -48,6 +48,18 @@ def test_leases_share_one_pool():
     assert pool.shared()._pool is first._pool  # the last lease released: the pool stays
 
 
+def test_the_pool_outlives_its_last_lease_and_its_idle_workers_exit():
+    lease = pool.shared(max_workers=1, idle_timeout=0.2)
+    first = lease.submit(tasks.pid_of_worker).result(60)
+    lease.shutdown()  # the last lease: the pool stays, and its idle worker leaves
+    assert wait_until(lambda: not lease._pool.stats().workers, 30)
+    assert wait_until(lambda: not process_exists(first), 30)
+    again = pool.shared()
+    assert again._pool is lease._pool
+    assert again.submit(tasks.pid_of_worker).result(60) != first  # started on demand
+    again.shutdown()
+
+
 def test_other_options_raise_while_leased_and_replace_the_pool_when_not():
     lease = pool.shared(max_workers=1)
     other = pool.shared()
