@@ -205,7 +205,10 @@ def test_stop_and_cancel_through_a_lease(tmp_path):
 
 def test_map_through_a_lease():
     with pool.shared(max_workers=2) as lease:
-        assert list(lease.map(tasks.square, range(10), chunksize=3)) == [i * i for i in range(10)]
+        done = []
+        assert list(lease.map(tasks.square, range(10), chunksize=3, progress=done.append)) \
+            == [i * i for i in range(10)]
+        assert sum(done) == 10
         lazily = lease.map(tasks.square, range(100), buffersize=2)
         assert next(lazily) == 0
         lease.shutdown(wait=False)
