@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from ._errors import (ArgumentPicklingError, ArgumentUnpicklingError, InitializerError,
                       PoolInternalError, RemoteTaskError, ResultTransferError, TaskInfo,
-                      TaskTimeout, WorkerDied, WorkerProtocolError, WorkerTerminated)
+                      SharedPoolConflict, TaskTimeout, WorkerDied, WorkerProtocolError,
+                      WorkerTerminated)
 from ._executor import ProcessPool, ProcessPoolExecutor
 from ._futures import PoolFuture
 from ._progress import as_completed
 from ._stats import PoolStats, WorkerStats
+from ._shared import Lease, shared
 
 __all__ = [
     "ProcessPool",
@@ -22,6 +24,8 @@ __all__ = [
     "PoolStats",
     "as_completed",
     "WorkerStats",
+    "shared",
+    "Lease",
     "WorkerDied",
     "TaskTimeout",
     "WorkerTerminated",
@@ -32,6 +36,7 @@ __all__ = [
     "ResultTransferError",
     "ArgumentPicklingError",
     "ArgumentUnpicklingError",
+    "SharedPoolConflict",
     "TaskInfo",
     "__version__",
 ]

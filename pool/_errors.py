@@ -28,6 +28,7 @@ __all__ = [
     "ResultTransferError",
     "ArgumentPicklingError",
     "ArgumentUnpicklingError",
+    "SharedPoolConflict",
 ]
 
 _short = reprlib.Repr()
@@ -353,3 +354,29 @@ class ArgumentUnpicklingError(BrokenProcessPool):
     the worker's own error, with its remote frames. A ``BrokenProcessPool``, as the stdlib
     raises here (where the worker dies and the pool breaks); here the worker carries on.
     """
+
+
+class SharedPoolConflict(RuntimeError):
+    """``pool.shared()`` was asked for options the shared pool does not have, while leases
+    on it are out.
+
+    Raised by ``pool.shared(**options)`` only: the shared pool is never restarted under the
+    code that holds leases on it. ``differing`` maps each option asked for that differs to
+    ``(the shared pool's value, the value asked for)``, as text; ``leases`` is how many
+    leases were out. Release them first (with no lease out, a call with other options
+    replaces the pool), ask for no options (any shared pool will do), or use a
+    ``ProcessPool`` of your own.
+    """
+
+    def __init__(self, differing: dict[str, tuple[str, str]], leases: int) -> None:
+        super().__init__(differing, leases)
+        self.differing = differing
+        self.leases = leases
+
+    def __str__(self) -> str:
+        asked = ", ".join(f"{name}={value}" for name, (_, value) in self.differing.items())
+        has = ", ".join(f"{name}={value}" for name, (value, _) in self.differing.items())
+        out = "1 lease is" if self.leases == 1 else f"{self.leases} leases are"
+        return (f"pool.shared({asked}): the shared pool has {has} and {out} out on it, so "
+                f"it cannot be replaced; release the leases first, ask for no options, or "
+                f"use a ProcessPool of your own")

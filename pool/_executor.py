@@ -213,6 +213,15 @@ class ProcessPool(Executor):
         ``n``, told how many items are done as their tasks finish (failed ones included),
         on a thread of its own; see README.rst, "Progress".
         """
+        return self._map(fn, iterables, timeout, chunksize, buffersize, progress)
+
+    def _map(self, fn: Callable[..., T], iterables: tuple[Iterable[Any], ...],
+             timeout: float | None, chunksize: int, buffersize: int | None,
+             progress: ProgressTarget | None,
+             through: Callable[[Callable[[], PoolFuture[Any]]], PoolFuture[Any]] | None = None
+             ) -> Iterator[T]:
+        """``map``; ``through``, if given, makes each of its submissions (a lease counts
+        its own futures: ``_shared.Lease``)."""
         if not isinstance(chunksize, int) or chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
         if buffersize is not None and not isinstance(buffersize, int):
@@ -239,13 +248,13 @@ class ProcessPool(Executor):
         else:
             fn_error = None
 
-        def submit_batch(args: tuple[Any, ...]) -> Future[Any]:
-            future = submit_one(args)
+        def submit_batch(args: tuple[Any, ...]) -> PoolFuture[Any]:
+            future = submit_one(args) if through is None else through(lambda: submit_one(args))
             if reporter is not None:
                 reporter.track(future, len(args[0]) if chunksize > 1 else 1)
             return future
 
-        def submit_one(args: tuple[Any, ...]) -> Future[Any]:
+        def submit_one(args: tuple[Any, ...]) -> PoolFuture[Any]:
             # Each batch fails on its own, as with the stdlib: the others still run.
             if fn_error is not None:
                 return _failed(fresh(fn_error))  # one instance per future, as the stdlib

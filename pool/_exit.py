@@ -12,7 +12,9 @@ Guarantees:
   (SIGTERM, then SIGKILL), and every worker reaped;
 - a child forked from a pool's process (``os.fork``, ``multiprocessing``'s fork) closes its
   copies of the pool's lifeline and task pipes at once, so it cannot keep workers alive; a
-  worker the dispatcher itself forks is left alone (it closes what it must itself).
+  worker the dispatcher itself forks is left alone (it closes what it must itself);
+- such a child can make forkserver pools of its own: it forgets the parent's forkserver
+  (see ``_forget_forkserver``).
 """
 
 from __future__ import annotations
@@ -62,6 +64,31 @@ def _close_in_child() -> None:
     for dispatcher in list(_live):
         dispatcher.close_in_forked_child()
     _live.clear()
+    _forget_forkserver()
+
+
+def _forget_forkserver() -> None:
+    """In a forked child: ``multiprocessing``'s forkserver handle, copied from the parent,
+    names a server the child did not start, and ``ensure_running()`` checks it with
+    ``waitpid``, which fails here (``ChildProcessError``): no forkserver pool could start a
+    worker in the child (the stdlib's neither). Reset the handle, so that the child's first
+    forkserver worker starts a server of the child's own, and close the child's copy of
+    the parent's server's lifeline (it would keep that server running as long as the child
+    lives). The preload list is kept; the lock is new (another thread may have held it)."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")
+    server = getattr(forkserver, "_forkserver", None)
+    if server is None or getattr(server, "_forkserver_pid", None) is None:
+        return  # the parent started none
+    alive_fd = getattr(server, "_forkserver_alive_fd", None)
+    preload = getattr(server, "_preload_modules", None)
+    server.__init__()
+    if preload is not None:
+        server._preload_modules = preload
+    if alive_fd is not None:
+        try:
+            os.close(alive_fd)
+        except OSError:
+            pass
 
 
 def shut_down_at_exit(dispatcher: Any) -> None:

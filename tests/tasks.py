@@ -438,3 +438,14 @@ def init_fails_logging_to(log_queue):
 
 def init_fails_with(_):
     raise RuntimeError("initializer says no")
+
+
+def value_and_pid(x):
+    """``(x, the worker's pid)``: what ran, and where."""
+    return x, os.getpid()
+
+
+def sleep_then_touch(seconds, path):
+    """Sleep, then create ``path``: proof that the task ran to its end."""
+    time.sleep(seconds)
+    open(path, "w").close()

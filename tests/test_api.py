@@ -9,7 +9,8 @@ from concurrent.futures.process import BrokenProcessPool
 import pool
 from helpers import REPO_DIR
 
-PUBLIC = ["ProcessPool", "ProcessPoolExecutor", "PoolFuture", "PoolStats", "WorkerStats", "as_completed", "WorkerDied", "TaskTimeout",
+PUBLIC = ["ProcessPool", "ProcessPoolExecutor", "PoolFuture", "PoolStats", "WorkerStats",
+          "as_completed", "shared", "Lease", "SharedPoolConflict", "WorkerDied", "TaskTimeout",
           "WorkerTerminated", "InitializerError",
           "PoolInternalError", "WorkerProtocolError", "RemoteTaskError", "ResultTransferError",
           "ArgumentPicklingError", "ArgumentUnpicklingError", "TaskInfo", "__version__"]
@@ -85,7 +86,8 @@ def test_errors_pickle_with_their_message():
               pool.ResultTransferError("Thing", "unpickling in the parent", "TypeError: x"),
               pool.ArgumentUnpicklingError("the worker could not unpickle ..."),
               pool.TaskTimeout(2.5, 123, info, "Current thread 0x1 (most recent call first):"),
-              pool.WorkerTerminated(123, -15, info)]
+              pool.WorkerTerminated(123, -15, info),
+              pool.SharedPoolConflict({"max_workers": ("2", "3")}, 1)]
     for error in errors:
         copy = pickle.loads(pickle.dumps(error))
         assert type(copy) is type(error) and str(copy) == str(error)

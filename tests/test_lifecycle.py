@@ -296,3 +296,31 @@ def test_killing_a_worker_also_ends_the_workers_of_its_inner_pool(ctx, start_met
         assert isinstance(nested.exception(60), pool.WorkerDied)
         # The inner workers lead groups of their own; their lifeline was the outer worker.
         assert wait_until(lambda: not any(process_exists(pid) for pid in inner), 5), inner
+
+
+FORKED_CHILD_POOL = '''
+with pool.ProcessPool(1, mp_context=CTX) as p:
+    parent_worker = p.submit(tasks.pid_of_worker).result(60)
+    reading, writing = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            with pool.ProcessPool(1, mp_context=CTX) as own:
+                os.write(writing, str(own.submit(tasks.square, 7).result(60)).encode())
+        finally:
+            os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading) as pipe:
+        got = pipe.read()
+    os.waitpid(child, 0)
+    same = p.submit(tasks.pid_of_worker).result(60) == parent_worker
+report(got=got, same=same)
+'''
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_a_forked_child_of_a_pools_process_runs_a_pool_of_its_own(method, tmp_path):
+    # Under forkserver the child must not use the parent's server (multiprocessing's
+    # ensure_running() fails on it there: ChildProcessError); it starts its own.
+    facts, _ = run_script(FORKED_CHILD_POOL, method, tmp_path, timeout=90)
+    assert facts == {"got": "49", "same": True, "children_left": [], "threads_left": []}

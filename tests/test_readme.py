@@ -26,6 +26,7 @@ EXPECTED = {
         r"__main__\.work\(60\)",
         r"^<PoolStats 0 running, 0 queued, 3 completed, 1 failed; "
         r"2 workers \(3 started, 1 died: SIGKILL x1\)>$"],
+    3: [r"^5$", r"^4$", r"^\{'max_workers': \('2', '3'\)\}$"],
 }
 
 

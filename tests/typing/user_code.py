@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-from typing import Iterator, assert_type
+from typing import Any, Iterator, assert_type
 
 import pool
 
@@ -52,6 +52,30 @@ def typed_use() -> None:
     assert_type(pool.__version__, str)
 
 
+async def with_a_lease() -> int:
+    async with pool.shared() as lease:
+        doubled, _ = await lease.submit(work, 21)
+    return doubled
+
+
+def shared_use() -> None:
+    with pool.shared(max_workers=2, task_timeout=None) as lease:
+        assert_type(lease, pool.Lease)
+        future = lease.submit(work, 1, "x")
+        assert_type(future, pool.PoolFuture[tuple[int, str]])
+        assert_type(lease.schedule(work, (1,), timeout=5.0), pool.PoolFuture[tuple[int, str]])
+        assert_type(lease.map(work, [1, 2], buffersize=2), Iterator[tuple[int, str]])
+        assert_type(lease.options, dict[str, Any])
+        base: cf.Executor = lease
+        assert_type(base.submit(work, 3), cf.Future[tuple[int, str]])
+        lease.shutdown(wait=True, cancel_futures=False)
+    assert_type(asyncio.run(with_a_lease()), int)
+    try:
+        pool.shared(max_workers=3).shutdown()
+    except pool.SharedPoolConflict as conflict:
+        assert_type(conflict.differing, dict[str, tuple[str, str]])
+
+
 class Bar:
     """What tqdm offers, as far as progress= needs it."""
 
@@ -63,3 +87,6 @@ def rejected(executor: pool.ProcessPool) -> None:
     executor.map(work, [1], progress=42)  # type: ignore[arg-type]
     executor.submit(work, "not an int")  # type: ignore[arg-type]
     executor.submit(work, 1, label=2)  # type: ignore[arg-type]
+    pool.shared(max_worker=2)  # type: ignore[call-arg]
+    pool.shared(max_workers="2")  # type: ignore[arg-type]
+    pool.shared().submit(work, "not an int")  # type: ignore[arg-type]
