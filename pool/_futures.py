@@ -295,7 +295,14 @@ class CallbackRunner:
                                       name=f"{self._name}-{len(self._threads) + 1}")
             self._threads.append(thread)
             self._idle += 1
-            thread.start()
+            try:
+                thread.start()
+            except RuntimeError:
+                # No thread can start once the interpreter is shutting down (3.12 refuses
+                # even while threading's exit hooks run): the future stays queued, and the
+                # exit's join() runs its callbacks (see _run_leftovers).
+                self._threads.remove(thread)
+                self._idle -= 1
 
     def _run(self) -> None:
         while True:
@@ -329,7 +336,22 @@ class CallbackRunner:
                 join_interruptibly(thread)
             else:
                 thread.join(max(0.0, deadline - time.monotonic()))
+        if not threads:
+            self._run_leftovers()
         return [t for t in threads if t.is_alive()]
+
+    def _run_leftovers(self) -> None:
+        """Run, in the joining thread, callbacks queued when no thread could be started
+        for them (at interpreter exit); with no runner thread, nobody else would."""
+        while True:
+            try:
+                future = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if future is not None:
+                with self._lock:
+                    self._backlog -= 1
+                _run_callbacks(future)
 
 
 def install_on_dispatcher_thread(runner: CallbackRunner) -> None:

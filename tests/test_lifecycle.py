@@ -201,6 +201,24 @@ def test_interpreter_exit_waits_for_submitted_work_and_reaps(method, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+EXIT_WITH_A_CALLBACK = '''
+p = pool.ProcessPool(1, mp_context=CTX)
+p.submit(tasks.square, 1).result(30)  # the worker is up: only the callback is left to start
+f = p.submit(tasks.sleep_then, 0.3, "late")
+f.add_done_callback(lambda fut: print("CALLBACK", fut.result(), flush=True))
+'''
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_a_callback_of_work_finished_during_exit_still_runs(method, tmp_path):
+    # The first callback thread is needed only once the exit has begun, when 3.12 lets no
+    # thread start: the exit itself runs the callback (it used to be lost, and the exit
+    # failed with "cannot join thread before it is started").
+    _, proc = run_script(EXIT_WITH_A_CALLBACK, method, tmp_path, timeout=60)
+    assert "CALLBACK late" in proc.stdout
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+
+
 @pytest.mark.parametrize("method", START_METHODS)
 def test_workers_exit_when_the_parent_is_killed(method, tmp_path):
     body = '''
