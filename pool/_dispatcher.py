@@ -64,6 +64,7 @@ from ._commands import Command, Shutdown, StopTask, Submit, Sync, TaskRecord, Te
 from ._errors import (PoolInternalError, TaskInfo, WorkerDied, WorkerProtocolError,
                       describe_exit)
 from ._futures import CallbackRunner, Latch, PoolFuture, install_on_dispatcher_thread
+from ._main_guard import keep_main_importable
 from ._outcomes import StartFailures, failure, format_error, fresh, resolve
 from ._state import StateMachine
 from ._stats import Counters, PoolStats, WorkerStats
@@ -647,6 +648,8 @@ class Dispatcher:
     def _spawn(self, slot: int) -> list[_state.Action]:
         assert self._lifeline is not None
         inherited = None
+        if not self._fork:
+            keep_main_importable()
         if self._fork:  # a forked child holds copies of everything: say what to close
             inherited = (self._lifeline[1], *self._wakeup_fds(),
                          *(fd for w in self._workers.values() for fd in w.parent_fds()))

@@ -28,7 +28,7 @@ from . import _wire
 from ._dispatcher import Dispatcher
 from ._errors import ArgumentPicklingError
 from ._outcomes import fresh
-from ._main_guard import check_main_is_guarded, check_not_daemonic
+from ._main_guard import check_main_is_guarded, check_not_daemonic, remember_main_script
 from ._futures import PoolFuture
 from ._progress import Progress, ProgressTarget
 from ._records import Timeouts
@@ -284,6 +284,7 @@ class ProcessPool(Executor):
         """Before the first task: fail at once, with the fix, where workers would re-run
         the caller's own code (a main script without its ``__main__`` guard)."""
         check_main_is_guarded(self._mp_context.get_start_method())
+        remember_main_script()
         self._main_checked = True
 
     def stats(self) -> PoolStats:

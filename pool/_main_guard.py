@@ -2,7 +2,10 @@
 and a daemonic process. Both fail in the stdlib too, but only deep inside a worker start,
 with hundreds of lines of output; here they fail at once, in a few lines that name the fix.
 
-Owns: nothing; pure checks. Runs in: a caller's thread (the constructor, the first submit).
+Also keeps the main script importable by workers started after it returned (at exit).
+
+Owns: the main script's path. Runs in: a caller's thread (the constructor, the first
+submit); ``keep_main_importable`` in the dispatcher thread.
 Guarantees: never raises for a program that can start workers (a pool created at the top
 level but used only under the guard passes, as it works with the stdlib; so does any code
 under a block that tests ``__name__``, and ``python -m package``, whose ``__main__`` module
@@ -18,6 +21,33 @@ import ast
 import multiprocessing
 import sys
 from types import FrameType, ModuleType
+
+
+# The main script's path while it ran (see ``keep_main_importable``).
+_main_path: str | None = None
+
+
+def remember_main_script() -> None:
+    """Note the main script's path (a caller's thread, at a pool's first use)."""
+    global _main_path
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if isinstance(path, str):
+        _main_path = path
+
+
+def keep_main_importable() -> None:
+    """Before starting a spawn or forkserver worker (the dispatcher thread): put back
+    ``__main__.__file__`` if CPython removed it.
+
+    CPython deletes it once the main script has returned, but the pool may still start
+    workers after that: during the exit wait, which lets submitted work finish. Without the
+    path, multiprocessing starts them without the main script, and a function of
+    ``__main__`` that was pickled by reference cannot be found there. The script is over;
+    nothing else reads the attribute.
+    """
+    main = sys.modules.get("__main__")
+    if _main_path is not None and main is not None and not hasattr(main, "__file__"):
+        main.__file__ = _main_path
 
 
 def check_not_daemonic() -> None:

@@ -219,6 +219,34 @@ def test_a_callback_of_work_finished_during_exit_still_runs(method, tmp_path):
     assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
 
 
+SUBMIT_AND_RETURN = '''
+import multiprocessing, sys
+sys.path[:0] = [{tests!r}]
+import pool
+
+def work(x):  # a function of __main__, sent by reference: workers import this script
+    return x * 7
+
+if __name__ == "__main__":
+    p = pool.ProcessPool(1, mp_context=multiprocessing.get_context({method!r}))
+    p.submit(work, 6).add_done_callback(lambda f: print("RESULT", f.result(), flush=True))
+'''
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_work_submitted_as_the_script_returns_runs_in_a_worker_started_during_exit(
+        method, tmp_path):
+    # The worker starts once the script has returned, when CPython has already removed
+    # __main__.__file__: without it, the worker would not import the script, and `work`
+    # would not be found there.
+    script = tmp_path / "submit_and_return.py"
+    script.write_text(SUBMIT_AND_RETURN.format(tests=str(TESTS_DIR), method=method))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60, cwd=str(tmp_path))
+    assert proc.returncode == 0 and "RESULT 42" in proc.stdout, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.parametrize("method", START_METHODS)
 def test_workers_exit_when_the_parent_is_killed(method, tmp_path):
     body = '''
