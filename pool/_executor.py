@@ -22,9 +22,9 @@ import time
 import weakref
 from concurrent.futures import Executor, Future
 from types import TracebackType
-from typing import Any, Callable, Iterable, Iterator, ParamSpec, TypeVar
+from typing import Any, AsyncGenerator, Callable, Iterable, Iterator, ParamSpec, TypeVar
 
-from . import _wire
+from . import _aio, _wire
 from ._dispatcher import Dispatcher
 from ._errors import ArgumentPicklingError
 from ._outcomes import fresh
@@ -247,6 +247,35 @@ class ProcessPool(Executor):
         if chunksize > 1:
             return _items_of_chunks(results)
         return results
+
+    async def run(self, fn: Callable[..., T], /, *args: Any, timeout: float | None = _POOL_DEFAULT,
+                  **kwargs: Any) -> T:
+        """``await pool.run(fn, *args, **kwargs)``: run it in the pool and return its result
+        (or raise its exception), without blocking the event loop.
+
+        ``timeout`` is the task's time limit, as with :meth:`schedule` (default: the pool's
+        ``task_timeout``; ``None``: no limit): on expiry, :class:`pool.TaskTimeout`.
+        Cancelling the await (``task.cancel()``, ``asyncio.timeout``) cancels the task if it
+        is queued and stops it if it runs: its worker and the worker's process group are
+        killed, and a new worker takes the slot.
+        """
+        return await _aio.run(self, fn, args, kwargs, timeout)
+
+    def amap(self, fn: Callable[..., T], *iterables: Iterable[Any], buffersize: int | None = None,
+             ordered: bool = True, chunksize: int = 1) -> AsyncGenerator[T, None]:
+        """``map`` for ``async for``: ``async for result in pool.amap(fn, items): ...``.
+
+        Results come in input order, or as they finish with ``ordered=False``; a task's
+        failure is raised at its place in the results. ``chunksize`` items travel and run as
+        one task, as with :meth:`map`. Nothing is submitted before the first result is
+        asked for; with ``buffersize``, the input is read lazily, at most that many tasks
+        ahead of the results taken. Leaving the loop early (``break``, an exception,
+        ``aclose()``, cancellation, a failed task) cancels the queued tasks and stops the
+        running ones (their workers are killed). The pool's ``task_timeout`` applies to each
+        task. Options and the pool's state are checked here, at the call.
+        """
+        return _aio.amap(self, fn, iterables, buffersize=buffersize, ordered=ordered,
+                         chunksize=chunksize)
 
     def _map_calls(self, fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...],
                    chunksize: int, buffersize: int | None
