@@ -271,9 +271,9 @@ class _MapRun:
 
 def as_completed_async(fs: Iterable[F], timeout: float | None = None
                        ) -> AsyncGenerator[F, None]:
-    """``concurrent.futures.as_completed`` for ``async for``: yields the futures (pool
-    futures or any ``concurrent.futures.Future``) as they complete, those already done
-    first; each appears once. If ``timeout`` seconds (from this call) pass with futures
+    """``as_completed`` (``pool.as_completed``, ``concurrent.futures.as_completed``) for
+    ``async for``: yields the futures (pool futures or any ``concurrent.futures.Future``)
+    as they complete, those already done first; each appears once. If ``timeout`` seconds (from this call) pass with futures
     unfinished, raises ``TimeoutError``. Waiting costs no CPU: each future's completion
     wakes the loop.
 
