@@ -1,9 +1,9 @@
 """The asyncio surface: ``ProcessPool.run`` and ``amap``, ``as_completed_async`` and
 ``to_process`` (with the process-wide pool it runs on).
 
-Owns: nothing of the pool's; only the asyncio side of waiting for its futures, the
-iterators ``amap`` and ``as_completed_async`` return, and the process-wide pool behind
-``to_process`` (``_default_pool``, the one function to swap for another process-wide pool).
+Owns: nothing of the pool's; only the asyncio side of waiting for its futures and the
+iterators ``amap`` and ``as_completed_async`` return. ``to_process`` runs on the shared pool
+(``pool.shared()``), which ``_default_pool`` alone names.
 Runs in: the event loop's thread. The futures' done-callbacks run on the pool's callback
 threads (or in whichever thread resolved a plain ``Future``) and do one thing: hand the
 future to the loop with ``loop.call_soon_threadsafe``.
@@ -30,8 +30,6 @@ at the latest when ``asyncio.run`` ends; ``contextlib.aclosing`` closes it at on
 from __future__ import annotations
 
 import collections
-import os
-import threading
 import time
 from concurrent.futures import Future
 from typing import (TYPE_CHECKING, Any, AsyncGenerator, Callable, Generic, Iterable,
@@ -43,6 +41,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from ._executor import ProcessPool
+    from ._shared import Lease
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -120,43 +119,22 @@ async def to_process(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -
     blocking the event loop: ``asyncio.to_thread`` for work that needs a process (CPU-bound
     Python, code that may crash or hang).
 
-    It runs on one process-wide pool, shared by every caller in this process, created at
-    the first call with the defaults of :class:`pool.ProcessPool` (a worker per CPU, the
-    default start method) and shut down at interpreter exit. Cancelling the call stops the
-    task, killing its worker if it runs; a worker's death raises :class:`pool.WorkerDied`.
+    It runs on the process-wide shared pool (:func:`pool.shared`), made at the first call
+    if there is none yet (a worker per CPU; idle workers exit after a minute and start
+    again on demand), and ended at interpreter exit. Cancelling the call stops the task,
+    killing its worker if it runs; a worker's death raises :class:`pool.WorkerDied`.
     ``fn``, its arguments and its result must be picklable, as with ``submit``. For options
     (timeouts, ``initializer``), use a pool of your own and its :meth:`ProcessPool.run`.
     """
     return await _default_pool().submit(fn, *args, **kwargs)
 
 
-_default: ProcessPool | None = None
-_default_lock = threading.Lock()
-_fork_hook_registered = False
-
-
-def _default_pool() -> ProcessPool:
-    """The process-wide pool ``to_process`` runs on: created at first use, and again in a
-    child forked from this process (a child cannot use its parent's pool). Like every pool,
-    it is shut down at interpreter exit (``pool._exit``), after finishing what was
-    submitted. This is the one function to replace to put ``to_process`` on another
-    process-wide pool."""
-    global _default, _fork_hook_registered
-    with _default_lock:
-        if _default is None:
-            from ._executor import ProcessPool
-            _default = ProcessPool()
-            if not _fork_hook_registered:
-                os.register_at_fork(after_in_child=_forget_default_pool)
-                _fork_hook_registered = True
-        return _default
-
-
-def _forget_default_pool() -> None:
-    """In a forked child: the parent's pool (and the lock, if a thread held it at the fork)
-    is not the child's."""
-    global _default, _default_lock
-    _default, _default_lock = None, threading.Lock()
+def _default_pool() -> Lease:
+    """Where ``to_process`` runs: a lease on the shared pool, whatever its options (a call
+    that names none never conflicts). The lease is dropped once the task is submitted:
+    releasing it leaves the task, and the pool, running."""
+    from ._shared import shared  # not at the top: _shared imports _executor, which imports us
+    return shared()
 
 
 # -- amap ------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import pytest
 import pool
 import tasks
 from helpers import Scenario, process_exists
-from pool import _aio
+from pool import _shared
 
 EAGER = getattr(asyncio, "eager_task_factory", None)  # 3.12+
 needs_eager = pytest.mark.skipif(EAGER is None, reason="asyncio.eager_task_factory is 3.12+")
@@ -63,12 +63,10 @@ async def ended_on_failure(p):
 
 @pytest.fixture
 def default_pool():
-    """``to_process``'s process-wide pool, shut down after the test (its workers would
-    otherwise outlive it, until interpreter exit)."""
+    """``to_process``'s process-wide pool (the shared pool), shut down after the test (its
+    workers would otherwise outlive it, until interpreter exit)."""
     yield
-    if _aio._default is not None:
-        _aio._default.shutdown()
-        _aio._default = None
+    _shared.discard()
 
 
 def test_importing_pool_does_not_import_asyncio():
@@ -345,9 +343,8 @@ def test_to_process_runs_on_one_process_wide_pool_and_cancelling_stops_it(tmp_pa
                                                                           default_pool):
     async def main():
         assert await pool.to_process(tasks.add, 1, 2, c=3) == 6
-        shared = _aio._default_pool()
-        assert shared is _aio._default_pool()
-        assert await pool.to_process(tasks.pid_of_worker) in shared._processes
+        with pool.shared() as lease:  # the shared pool, as pool.shared() lends it out
+            assert await pool.to_process(tasks.pid_of_worker) in lease._pool._processes
         with pytest.raises(ValueError, match="^boom$"):
             await pool.to_process(tasks.raise_value_error)
         call = asyncio.ensure_future(pool.to_process(tasks.hang, str(tmp_path)))
