@@ -11,6 +11,7 @@ from ._errors import (ArgumentPicklingError, ArgumentUnpicklingError, Initialize
                       PoolInternalError, RemoteTaskError, ResultTransferError, TaskInfo,
                       SharedPoolConflict, TaskTimeout, WorkerDied, WorkerProtocolError,
                       WorkerTerminated)
+from ._aio import as_completed_async, to_process
 from ._executor import ProcessPool, ProcessPoolExecutor
 from ._futures import PoolFuture
 from ._progress import as_completed
@@ -23,6 +24,8 @@ __all__ = [
     "PoolFuture",
     "PoolStats",
     "as_completed",
+    "as_completed_async",
+    "to_process",
     "WorkerStats",
     "shared",
     "Lease",

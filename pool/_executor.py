@@ -22,9 +22,9 @@ import time
 import weakref
 from concurrent.futures import Executor, Future
 from types import TracebackType
-from typing import Any, Callable, Iterable, Iterator, ParamSpec, TypeVar
+from typing import Any, AsyncGenerator, Callable, Iterable, Iterator, ParamSpec, TypeVar
 
-from . import _wire
+from . import _aio, _wire
 from ._dispatcher import Dispatcher
 from ._errors import ArgumentPicklingError
 from ._outcomes import fresh
@@ -222,14 +222,77 @@ class ProcessPool(Executor):
              ) -> Iterator[T]:
         """``map``; ``through``, if given, makes each of its submissions (a lease counts
         its own futures: ``_shared.Lease``)."""
+        end_time = None if timeout is None else timeout + time.monotonic()
+        reporter = None if progress is None else Progress(progress)
+        batches, submit_one = self._map_calls(fn, iterables, chunksize, buffersize)
+
+        def submit_batch(args: tuple[Any, ...]) -> PoolFuture[Any]:
+            future = submit_one(args) if through is None else through(lambda: submit_one(args))
+            if reporter is not None:
+                reporter.track(future, len(args[0]) if chunksize > 1 else 1)
+            return future
+
+        futures: collections.deque[Future[Any]] = collections.deque()
+        try:
+            for args in itertools.islice(batches, buffersize):
+                futures.append(submit_batch(args))
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            if reporter is not None:
+                reporter.finish(wait=False)
+            raise
+        results = _ordered_results(futures, batches if buffersize else iter(()),
+                                   submit_batch, end_time, reporter)
+        if chunksize > 1:
+            return _items_of_chunks(results)
+        return results
+
+    async def run(self, fn: Callable[..., T], /, *args: Any, timeout: float | None = _POOL_DEFAULT,
+                  **kwargs: Any) -> T:
+        """``await pool.run(fn, *args, **kwargs)``: run it in the pool and return its result
+        (or raise its exception), without blocking the event loop.
+
+        ``timeout`` is the task's time limit, as with :meth:`schedule` (default: the pool's
+        ``task_timeout``; ``None``: no limit): on expiry, :class:`pool.TaskTimeout`.
+        Cancelling the await (``task.cancel()``, ``asyncio.timeout``) cancels the task if it
+        is queued and stops it if it runs: its worker and the worker's process group are
+        killed, and a new worker takes the slot.
+        """
+        return await _aio.run(self, fn, args, kwargs, timeout)
+
+    def amap(self, fn: Callable[..., T], *iterables: Iterable[Any], buffersize: int | None = None,
+             ordered: bool = True, chunksize: int = 1) -> AsyncGenerator[T, None]:
+        """``map`` for ``async for``: ``async for result in pool.amap(fn, items): ...``.
+
+        Results come in input order, or as they finish with ``ordered=False``; a task's
+        failure is raised at its place in the results. ``chunksize`` items travel and run as
+        one task, as with :meth:`map`. Nothing is submitted before the first result is
+        asked for; with ``buffersize``, the input is read lazily, at most that many tasks
+        ahead of the results taken. Leaving the loop early (``break``, an exception,
+        ``aclose()``, cancellation, a failed task) cancels the queued tasks and stops the
+        running ones (their workers are killed). The pool's ``task_timeout`` applies to each
+        task. Options and the pool's state are checked here, at the call.
+        """
+        return _aio.amap(self, fn, iterables, buffersize=buffersize, ordered=ordered,
+                         chunksize=chunksize)
+
+    def _map_calls(self, fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...],
+                   chunksize: int, buffersize: int | None
+                   ) -> tuple[Iterator[tuple[Any, ...]],
+                              Callable[[tuple[Any, ...]], PoolFuture[Any]]]:
+        """What ``map`` and ``amap`` submit, once their options are checked and the pool is
+        known to be open: the input, read lazily, as argument tuples (a chunk of
+        ``chunksize`` items is one tuple, run by ``_process_items`` or ``_process_chunk``),
+        and the function that submits one of them with the pool's ``task_timeout``. The
+        function is pickled once, here; a tuple that cannot be pickled fails only its own
+        future, as with the stdlib."""
         if not isinstance(chunksize, int) or chunksize < 1:
             raise ValueError("chunksize must be >= 1.")
         if buffersize is not None and not isinstance(buffersize, int):
             raise TypeError("buffersize must be an integer or None")
         if buffersize is not None and buffersize < 1:
             raise ValueError("buffersize must be None or > 0")
-        end_time = None if timeout is None else timeout + time.monotonic()
-        reporter = None if progress is None else Progress(progress)
         self._dispatcher.check_open()
         if not self._main_checked:
             self._check_first_use()
@@ -249,12 +312,6 @@ class ProcessPool(Executor):
             fn_error = None
 
         def submit_batch(args: tuple[Any, ...]) -> PoolFuture[Any]:
-            future = submit_one(args) if through is None else through(lambda: submit_one(args))
-            if reporter is not None:
-                reporter.track(future, len(args[0]) if chunksize > 1 else 1)
-            return future
-
-        def submit_one(args: tuple[Any, ...]) -> PoolFuture[Any]:
             # Each batch fails on its own, as with the stdlib: the others still run.
             if fn_error is not None:
                 return _failed(fresh(fn_error))  # one instance per future, as the stdlib
@@ -264,21 +321,7 @@ class ProcessPool(Executor):
                 return _failed(exc)
             return self._dispatcher.submit(fn, args, {}, body, self._task_timeout)
 
-        futures: collections.deque[Future[Any]] = collections.deque()
-        try:
-            for args in itertools.islice(batches, buffersize):
-                futures.append(submit_batch(args))
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            if reporter is not None:
-                reporter.finish(wait=False)
-            raise
-        results = _ordered_results(futures, batches if buffersize else iter(()),
-                                   submit_batch, end_time, reporter)
-        if chunksize > 1:
-            return _items_of_chunks(results)
-        return results
+        return batches, submit_batch
 
     def _check_first_use(self) -> None:
         """Before the first task: fail at once, with the fix, where workers would re-run

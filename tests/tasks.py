@@ -449,3 +449,32 @@ def sleep_then_touch(seconds, path):
     """Sleep, then create ``path``: proof that the task ran to its end."""
     time.sleep(seconds)
     open(path, "w").close()
+
+
+# -- asyncio: which inputs started, where, and what each then does -------------------------
+
+def started_then(directory, i, then="return"):
+    """Record that input ``i`` started (a file ``started-<i>`` holding this worker's pid),
+    then: "return" ``i``; "wait" until ``directory/gate`` exists, then return ``i``;
+    "raise" ValueError(i); or one of EFFECTS ("sigkill", "segfault", ...)."""
+    path = os.path.join(directory, f"started-{i}")
+    with open(path + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(path + ".tmp", path)
+    if then == "wait":
+        wait_for_file(os.path.join(directory, "gate"), timeout=60)
+    elif then == "raise":
+        raise ValueError(i)
+    elif then != "return":
+        EFFECTS[then]()
+    return i
+
+
+def started_inputs(directory):
+    """{input: worker pid} of the inputs ``started_then`` was called with."""
+    started = {}
+    for name in os.listdir(directory):
+        if name.startswith("started-") and not name.endswith(".tmp"):
+            with open(os.path.join(directory, name)) as f:
+                started[int(name[len("started-"):])] = int(f.read())
+    return started

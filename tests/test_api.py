@@ -10,7 +10,8 @@ import pool
 from helpers import REPO_DIR
 
 PUBLIC = ["ProcessPool", "ProcessPoolExecutor", "PoolFuture", "PoolStats", "WorkerStats",
-          "as_completed", "shared", "Lease", "SharedPoolConflict", "WorkerDied", "TaskTimeout",
+          "as_completed", "as_completed_async", "to_process", "shared", "Lease",
+          "SharedPoolConflict", "WorkerDied", "TaskTimeout",
           "WorkerTerminated", "InitializerError",
           "PoolInternalError", "WorkerProtocolError", "RemoteTaskError", "ResultTransferError",
           "ArgumentPicklingError", "ArgumentUnpicklingError", "TaskInfo", "__version__"]

@@ -27,6 +27,8 @@ EXPECTED = {
         r"^<PoolStats 0 running, 0 queued, 3 completed, 1 failed; "
         r"2 workers \(3 started, 1 died: SIGKILL x1\)>$"],
     3: [r"^5$", r"^4$", r"^\{'max_workers': \('2', '3'\)\}$"],
+    4: [r"^49$", r"^\[0, 1, 4, 9, 16\]$", r"^worker pid \d+ died \(signal SIGKILL \(9\)\) "
+        r"while running task 7: __main__\.killed\(\)$", r"^timed out$", r"^stopped$", r"^144$"],
 }
 
 

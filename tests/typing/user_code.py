@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
-from typing import Any, Iterator, assert_type
+from typing import Any, AsyncGenerator, Iterator, assert_type
 
 import pool
 
@@ -17,6 +17,20 @@ def work(x: int, label: str = "") -> tuple[int, str]:
 async def main(executor: pool.ProcessPool) -> int:
     doubled, _ = await executor.submit(work, 21, label="a")  # awaitable, typed
     assert_type(doubled, int)
+    assert_type(await executor.run(work, 1, label="b", timeout=2.0), tuple[int, str])
+    results = executor.amap(work, [1, 2], buffersize=2, ordered=False, chunksize=1)
+    assert_type(results, AsyncGenerator[tuple[int, str], None])
+    async for result in results:
+        assert_type(result, tuple[int, str])
+    await results.aclose()
+    assert_type(await pool.to_process(work, 3, label="c"), tuple[int, str])
+    future = executor.submit(work, 4)
+    plain: cf.Future[str] = cf.Future()
+    async for done in pool.as_completed_async([future]):
+        assert_type(done, pool.PoolFuture[tuple[int, str]])  # stop() is there
+    mixed: list[cf.Future[Any]] = [future, plain]  # as with cf.as_completed
+    async for either in pool.as_completed_async(mixed):
+        assert_type(either, cf.Future[Any])
     return doubled
 
 
@@ -90,3 +104,4 @@ def rejected(executor: pool.ProcessPool) -> None:
     pool.shared(max_worker=2)  # type: ignore[call-arg]
     pool.shared(max_workers="2")  # type: ignore[arg-type]
     pool.shared().submit(work, "not an int")  # type: ignore[arg-type]
+    pool.to_process(work, "not an int")  # type: ignore[arg-type,unused-coroutine]
