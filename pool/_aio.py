@@ -251,9 +251,9 @@ def as_completed_async(fs: Iterable[F], timeout: float | None = None
                        ) -> AsyncGenerator[F, None]:
     """``as_completed`` (``pool.as_completed``, ``concurrent.futures.as_completed``) for
     ``async for``: yields the futures (pool futures or any ``concurrent.futures.Future``)
-    as they complete, those already done first; each appears once. If ``timeout`` seconds (from this call) pass with futures
-    unfinished, raises ``TimeoutError``. Waiting costs no CPU: each future's completion
-    wakes the loop.
+    as they complete, those already done first; each appears once. If ``timeout``
+    seconds (from this call) pass with futures unfinished, raises ``TimeoutError``.
+    Waiting costs no CPU: each future's completion wakes the loop.
 
     The futures are yours: leaving the loop, its timeout, or cancelling it leaves them
     running, as ``concurrent.futures.as_completed`` and ``asyncio.wait`` do; stop one with

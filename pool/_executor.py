@@ -10,9 +10,6 @@ manager, except where README.rst lists a deliberate difference.
 
 from __future__ import annotations
 
-import collections
-import functools
-import itertools
 import multiprocessing
 import os
 import signal
@@ -20,16 +17,15 @@ import sys
 import threading
 import time
 import weakref
-from concurrent.futures import Executor, Future
+from concurrent.futures import Executor
 from types import TracebackType
 from typing import Any, AsyncGenerator, Callable, Iterable, Iterator, ParamSpec, TypeVar
 
-from . import _aio, _wire
+from . import _aio, _mapping, _wire
 from ._dispatcher import Dispatcher
 from ._errors import ArgumentPicklingError
-from ._outcomes import fresh
 from ._main_guard import check_main_is_guarded, check_not_daemonic, remember_main_script
-from ._futures import PoolFuture
+from ._futures import PoolFuture, failed
 from ._progress import Progress, ProgressTarget
 from ._records import Timeouts
 from ._stats import PoolStats, with_memory
@@ -52,17 +48,6 @@ def default_context() -> Any:
     """forkserver where the platform has it (the 3.14 default on Linux), else spawn."""
     methods = multiprocessing.get_all_start_methods()
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
-
-
-def _process_chunk(fn: Callable[..., Any], chunk: list[tuple[Any, ...]]) -> list[Any]:
-    """Runs in the worker: one ``map`` chunk over several iterables, as a single task."""
-    return list(itertools.starmap(fn, chunk))
-
-
-def _process_items(fn: Callable[..., Any], items: list[Any]) -> list[Any]:
-    """Runs in the worker: one ``map`` chunk over one iterable (the items themselves travel,
-    not a 1-tuple around each: half the pickling)."""
-    return list(map(fn, items))
 
 
 class ProcessPool(Executor):
@@ -195,7 +180,7 @@ class ProcessPool(Executor):
             body = _wire.encode_call(_wire.dumps_callable(fn),
                                      _wire.dumps_arguments(fn, args, kwargs))
         except ArgumentPicklingError as exc:
-            return _failed(exc)
+            return failed(exc)
         return self._dispatcher.submit(fn, args, kwargs, body, timeout)
 
     def map(self, fn: Callable[..., T], *iterables: Iterable[Any], timeout: float | None = None,
@@ -222,31 +207,10 @@ class ProcessPool(Executor):
              ) -> Iterator[T]:
         """``map``; ``through``, if given, makes each of its submissions (a lease counts
         its own futures: ``_shared.Lease``)."""
-        end_time = None if timeout is None else timeout + time.monotonic()
         reporter = None if progress is None else Progress(progress)
         batches, submit_one = self._map_calls(fn, iterables, chunksize, buffersize)
-
-        def submit_batch(args: tuple[Any, ...]) -> PoolFuture[Any]:
-            future = submit_one(args) if through is None else through(lambda: submit_one(args))
-            if reporter is not None:
-                reporter.track(future, len(args[0]) if chunksize > 1 else 1)
-            return future
-
-        futures: collections.deque[Future[Any]] = collections.deque()
-        try:
-            for args in itertools.islice(batches, buffersize):
-                futures.append(submit_batch(args))
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            if reporter is not None:
-                reporter.finish(wait=False)
-            raise
-        results = _ordered_results(futures, batches if buffersize else iter(()),
-                                   submit_batch, end_time, reporter)
-        if chunksize > 1:
-            return _items_of_chunks(results)
-        return results
+        return _mapping.results(batches, submit_one, chunksize=chunksize, buffersize=buffersize,
+                            timeout=timeout, progress=reporter, through=through)
 
     async def run(self, fn: Callable[..., T], /, *args: Any, timeout: float | None = _POOL_DEFAULT,
                   **kwargs: Any) -> T:
@@ -279,49 +243,16 @@ class ProcessPool(Executor):
 
     def _map_calls(self, fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...],
                    chunksize: int, buffersize: int | None
-                   ) -> tuple[Iterator[tuple[Any, ...]],
-                              Callable[[tuple[Any, ...]], PoolFuture[Any]]]:
+                   ) -> tuple[Iterator[tuple[Any, ...]], _mapping.SubmitBatch]:
         """What ``map`` and ``amap`` submit, once their options are checked and the pool is
-        known to be open: the input, read lazily, as argument tuples (a chunk of
-        ``chunksize`` items is one tuple, run by ``_process_items`` or ``_process_chunk``),
-        and the function that submits one of them with the pool's ``task_timeout``. The
-        function is pickled once, here; a tuple that cannot be pickled fails only its own
-        future, as with the stdlib."""
-        if not isinstance(chunksize, int) or chunksize < 1:
-            raise ValueError("chunksize must be >= 1.")
-        if buffersize is not None and not isinstance(buffersize, int):
-            raise TypeError("buffersize must be an integer or None")
-        if buffersize is not None and buffersize < 1:
-            raise ValueError("buffersize must be None or > 0")
+        known to be open: the input as argument tuples, read lazily, and the function that
+        submits one with the pool's ``task_timeout`` (see ``_mapping.calls``)."""
+        _mapping.check_options(chunksize, buffersize)
         self._dispatcher.check_open()
         if not self._main_checked:
             self._check_first_use()
-        runner: Callable[..., Any] = fn
-        batches: Iterator[tuple[Any, ...]] = zip(*iterables)
-        if chunksize > 1 and len(iterables) == 1:
-            runner = functools.partial(_process_items, fn)
-            batches = ((chunk,) for chunk in _batched(iter(iterables[0]), chunksize))
-        elif chunksize > 1:
-            runner = functools.partial(_process_chunk, fn)
-            batches = ((chunk,) for chunk in _batched(batches, chunksize))
-        try:
-            fn_blob = _wire.dumps_callable(runner)
-        except ArgumentPicklingError as exc:
-            fn_error: ArgumentPicklingError | None = exc
-        else:
-            fn_error = None
-
-        def submit_batch(args: tuple[Any, ...]) -> PoolFuture[Any]:
-            # Each batch fails on its own, as with the stdlib: the others still run.
-            if fn_error is not None:
-                return _failed(fresh(fn_error))  # one instance per future, as the stdlib
-            try:
-                body = _wire.encode_call(fn_blob, _wire.dumps_arguments(fn, args, {}))
-            except ArgumentPicklingError as exc:
-                return _failed(exc)
-            return self._dispatcher.submit(fn, args, {}, body, self._task_timeout)
-
-        return batches, submit_batch
+        return _mapping.calls(fn, iterables, chunksize, lambda call, args, body: (
+            self._dispatcher.submit(call, args, {}, body, self._task_timeout)))
 
     def _check_first_use(self) -> None:
         """Before the first task: fail at once, with the fix, where workers would re-run
@@ -444,58 +375,6 @@ def _means_stop(exc_type: type[BaseException] | None) -> bool:
         return True
     asyncio = sys.modules.get("asyncio")
     return asyncio is not None and issubclass(exc_type, asyncio.CancelledError)
-
-
-def _failed(error: BaseException) -> PoolFuture[Any]:
-    """A future that has already failed: a call that could not be sent."""
-    future: PoolFuture[Any] = PoolFuture()
-    future.set_exception(error)
-    return future
-
-
-def _items_of_chunks(chunks: Iterator[list[Any]]) -> Iterator[Any]:
-    """Flatten ``map``'s chunk results, holding on to no item once it is yielded (a long
-    map over large results must not keep them alive: CPython's test_free_reference)."""
-    for chunk in chunks:
-        chunk.reverse()
-        while chunk:
-            yield chunk.pop()
-
-
-def _ordered_results(futures: collections.deque[Future[Any]], more: Iterator[tuple[Any, ...]],
-                     submit_batch: Callable[[tuple[Any, ...]], Future[Any]],
-                     end_time: float | None, reporter: Progress | None) -> Iterator[Any]:
-    complete = False
-    try:
-        while futures:
-            args = next(more, None)
-            if args is not None:
-                futures.append(submit_batch(args))
-            timeout = None if end_time is None else end_time - time.monotonic()
-            # No local names the future while the result is out with the caller: once
-            # yielded, a result is kept alive by nothing here.
-            yield _result_or_cancel(futures.popleft(), timeout)
-        complete = True
-    finally:
-        for future in futures:
-            future.cancel()
-        if reporter is not None:  # every result seen: the last counts reach the bar first
-            reporter.finish(wait=complete)
-
-
-def _result_or_cancel(future: Future[Any], timeout: float | None) -> Any:
-    try:
-        try:
-            return future.result(timeout)
-        finally:
-            future.cancel()
-    finally:
-        del future  # break the reference cycle with the exception's traceback
-
-
-def _batched(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
-    while chunk := list(itertools.islice(items, size)):
-        yield chunk
 
 
 def _seconds(name: str, value: Any, *, optional: bool = False) -> Any:

@@ -250,6 +250,13 @@ class PoolFuture(Future[T]):
             raise
 
 
+def failed(error: BaseException) -> PoolFuture[Any]:
+    """A future that has already failed: a call that could not be sent."""
+    future: PoolFuture[Any] = PoolFuture()
+    future.set_exception(error)
+    return future
+
+
 def _run_callbacks(future: Future[Any]) -> None:
     for callback in list(future._done_callbacks):  # type: ignore[attr-defined]
         try:

@@ -1,0 +1,159 @@
+"""``map`` (and ``amap``'s submissions): batching the input, pickling the function once,
+submitting lazily, and handing the results back in order.
+
+Owns: nothing that outlives a ``map`` call. Runs in: the caller's thread (the two
+``process_*`` functions run in the worker, as the task).
+Guarantees: the function is pickled once per call, not per chunk; a chunk that cannot be
+pickled fails only its own future, as with the stdlib; with ``buffersize`` the input is read
+lazily, at most that many tasks ahead of the results taken; leaving the results early
+cancels what has not started; a result is referenced by nothing here once it is yielded
+(CPython's test_free_reference).
+Assumes: the caller checked that the pool is open and its first use (``ProcessPool``).
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+import time
+from concurrent.futures import Future
+from typing import Any, Callable, Iterable, Iterator
+
+from . import _wire
+from ._errors import ArgumentPicklingError
+from ._futures import PoolFuture, failed
+from ._outcomes import fresh
+from ._progress import Progress
+
+# Submits one encoded call: (the user's function, its argument tuple, the encoded call).
+SubmitEncoded = Callable[[Callable[..., Any], tuple[Any, ...], _wire.Buffers], PoolFuture[Any]]
+SubmitBatch = Callable[[tuple[Any, ...]], PoolFuture[Any]]
+
+
+def process_chunk(fn: Callable[..., Any], chunk: list[tuple[Any, ...]]) -> list[Any]:
+    """Runs in the worker: one ``map`` chunk over several iterables, as a single task."""
+    return list(itertools.starmap(fn, chunk))
+
+
+def process_items(fn: Callable[..., Any], items: list[Any]) -> list[Any]:
+    """Runs in the worker: one ``map`` chunk over one iterable (the items themselves travel,
+    not a 1-tuple around each: half the pickling)."""
+    return list(map(fn, items))
+
+
+def check_options(chunksize: int, buffersize: int | None) -> None:
+    if not isinstance(chunksize, int) or chunksize < 1:
+        raise ValueError("chunksize must be >= 1.")
+    if buffersize is not None and not isinstance(buffersize, int):
+        raise TypeError("buffersize must be an integer or None")
+    if buffersize is not None and buffersize < 1:
+        raise ValueError("buffersize must be None or > 0")
+
+
+def calls(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...], chunksize: int,
+          submit: SubmitEncoded) -> tuple[Iterator[tuple[Any, ...]], SubmitBatch]:
+    """The input, read lazily, as argument tuples (a chunk of ``chunksize`` items is one
+    tuple, run by ``process_items`` or ``process_chunk``), and the function that submits
+    one of them through ``submit``. The function is pickled once, here."""
+    runner: Callable[..., Any] = fn
+    batches: Iterator[tuple[Any, ...]] = zip(*iterables)
+    if chunksize > 1 and len(iterables) == 1:
+        runner = functools.partial(process_items, fn)
+        batches = ((chunk,) for chunk in _batched(iter(iterables[0]), chunksize))
+    elif chunksize > 1:
+        runner = functools.partial(process_chunk, fn)
+        batches = ((chunk,) for chunk in _batched(batches, chunksize))
+    try:
+        fn_blob = _wire.dumps_callable(runner)
+    except ArgumentPicklingError as exc:
+        fn_error: ArgumentPicklingError | None = exc
+    else:
+        fn_error = None
+
+    def submit_batch(args: tuple[Any, ...]) -> PoolFuture[Any]:
+        # Each batch fails on its own, as with the stdlib: the others still run.
+        if fn_error is not None:
+            return failed(fresh(fn_error))  # one instance per future, as the stdlib
+        try:
+            body = _wire.encode_call(fn_blob, _wire.dumps_arguments(fn, args, {}))
+        except ArgumentPicklingError as exc:
+            return failed(exc)
+        return submit(fn, args, body)
+
+    return batches, submit_batch
+
+
+def results(batches: Iterator[tuple[Any, ...]], submit_one: SubmitBatch, *, chunksize: int,
+            buffersize: int | None, timeout: float | None, progress: Progress | None,
+            through: Callable[[Callable[[], PoolFuture[Any]]], PoolFuture[Any]] | None
+            ) -> Iterator[Any]:
+    """Submit the batches (all now, or ``buffersize`` ahead) and return the results in
+    input order. ``through``, if given, makes each submission (a lease counts its own
+    futures); ``progress`` is told the items of each finished task."""
+    end_time = None if timeout is None else timeout + time.monotonic()
+
+    def submit_batch(args: tuple[Any, ...]) -> PoolFuture[Any]:
+        future = submit_one(args) if through is None else through(lambda: submit_one(args))
+        if progress is not None:
+            progress.track(future, len(args[0]) if chunksize > 1 else 1)
+        return future
+
+    futures: collections.deque[Future[Any]] = collections.deque()
+    try:
+        for args in itertools.islice(batches, buffersize):
+            futures.append(submit_batch(args))
+    except BaseException:
+        for future in futures:
+            future.cancel()
+        if progress is not None:
+            progress.finish(wait=False)
+        raise
+    ordered = _ordered_results(futures, batches if buffersize else iter(()), submit_batch,
+                               end_time, progress)
+    return _items_of_chunks(ordered) if chunksize > 1 else ordered
+
+
+def _items_of_chunks(chunks: Iterator[list[Any]]) -> Iterator[Any]:
+    """Flatten ``map``'s chunk results, holding on to no item once it is yielded (a long
+    map over large results must not keep them alive: CPython's test_free_reference)."""
+    for chunk in chunks:
+        chunk.reverse()
+        while chunk:
+            yield chunk.pop()
+
+
+def _ordered_results(futures: collections.deque[Future[Any]], more: Iterator[tuple[Any, ...]],
+                     submit_batch: SubmitBatch, end_time: float | None,
+                     progress: Progress | None) -> Iterator[Any]:
+    complete = False
+    try:
+        while futures:
+            args = next(more, None)
+            if args is not None:
+                futures.append(submit_batch(args))
+            timeout = None if end_time is None else end_time - time.monotonic()
+            # No local names the future while the result is out with the caller: once
+            # yielded, a result is kept alive by nothing here.
+            yield _result_or_cancel(futures.popleft(), timeout)
+        complete = True
+    finally:
+        for future in futures:
+            future.cancel()
+        if progress is not None:  # every result seen: the last counts reach the bar first
+            progress.finish(wait=complete)
+
+
+def _result_or_cancel(future: Future[Any], timeout: float | None) -> Any:
+    try:
+        try:
+            return future.result(timeout)
+        finally:
+            future.cancel()
+    finally:
+        del future  # break the reference cycle with the exception's traceback
+
+
+def _batched(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    while chunk := list(itertools.islice(items, size)):
+        yield chunk
