@@ -22,12 +22,15 @@ EXPECTED = {
         r"line \d+ in work$", r"^9$", r"^16$"],
     1: [r"^100$"],
     2: [r"^<PoolStats 2 running, 1 queued, 1 completed; 2 workers \(2 started\)>$",
+        r"^WARNING pool: pool-dispatcher-1: worker pid \d+ died \(signal SIGKILL \(9\)\) "
+        r"while running task 2: __main__\.work\(60\); that task failed with WorkerDied$",
         r"^worker pid \d+ died \(signal SIGKILL \(9\)\) while running task 2: "
         r"__main__\.work\(60\)",
         r"^<PoolStats 0 running, 0 queued, 3 completed, 1 failed; "
         r"2 workers \(3 started, 1 died: SIGKILL x1\)>$"],
-    3: [r"^5$", r"^4$", r"^\{'max_workers': \('2', '3'\)\}$"],
-    4: [r"^49$", r"^\[0, 1, 4, 9, 16\]$", r"^worker pid \d+ died \(signal SIGKILL \(9\)\) "
+    3: [r"^500 500$"],
+    4: [r"^5$", r"^4$", r"^\{'max_workers': \('2', '3'\)\}$"],
+    5: [r"^49$", r"^\[0, 1, 4, 9, 16\]$", r"^worker pid \d+ died \(signal SIGKILL \(9\)\) "
         r"while running task 7: __main__\.killed\(\)$", r"^timed out$", r"^stopped$", r"^144$"],
 }
 
