@@ -10,6 +10,7 @@ import pytest
 
 import pool
 import tasks
+from helpers import wait_until
 
 
 def deaths(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
@@ -58,3 +59,17 @@ def test_successes_exceptions_and_timeouts_log_nothing(ctx, caplog):
         with pytest.raises(pool.TaskTimeout):
             p.schedule(tasks.sleep_then, (60,), timeout=0.5).result(60)
     assert caplog.records == [], [r.getMessage() for r in caplog.records]
+
+
+def test_stopping_or_terminating_a_running_task_logs_nothing(ctx, caplog, tmp_path):
+    caplog.set_level(logging.DEBUG, logger="pool")
+    p = pool.ProcessPool(2, mp_context=ctx)
+    first = p.submit(tasks.hang, str(tmp_path))
+    assert wait_until(lambda: tasks.announced_pids(str(tmp_path)), 60)
+    assert first.stop()
+    assert wait_until(first.cancelled, 60)
+    second = p.submit(tasks.hang)
+    assert wait_until(second.running, 60)
+    p.terminate_workers()
+    assert isinstance(second.exception(60), pool.WorkerTerminated)
+    assert deaths(caplog) == [] and caplog.records == [], [r.getMessage() for r in caplog.records]

@@ -66,21 +66,24 @@ def test_a_blocked_progress_object_delays_no_result(ctx):
         assert sum(bar.counts) == 50
 
 
-def test_failed_and_dead_tasks_count_and_cancelled_ones_do_not(ctx, tmp_path):
+def test_failed_dead_and_timed_out_tasks_count_and_cancelled_ones_do_not(ctx, tmp_path):
     bar = Recorder()
     gate = str(tmp_path / "gate")
     with pool.ProcessPool(1, mp_context=ctx) as p:
         blocker = p.submit(tasks.announce_then_wait, str(tmp_path), gate)
         assert wait_until(lambda: tasks.announced_pids(str(tmp_path)), 60)
         fs = [p.submit(tasks.square, 2), p.submit(tasks.raise_value_error),
-              p.submit(tasks.sigkill_self), p.submit(tasks.square, 3)]
-        assert fs[3].cancel()
+              p.submit(tasks.sigkill_self), p.schedule(tasks.sleep_then, (60,), timeout=0.5),
+              p.submit(tasks.square, 3)]
+        assert fs[4].cancel()
         open(gate, "w").close()
         done = list(pool.as_completed([blocker, *fs], timeout=60, progress=bar))
-        assert len(done) == 5 and fs[3] in done
+        assert len(done) == 6 and fs[4] in done
         assert isinstance(fs[1].exception(), ValueError)
         assert isinstance(fs[2].exception(), pool.WorkerDied)
-    assert sum(bar.counts) == 4  # the blocker, the square, the exception and the death
+        assert isinstance(fs[3].exception(), pool.TaskTimeout)
+    # the blocker, the square, the exception, the death and the timeout; not the cancelled
+    assert sum(bar.counts) == 5
 
 
 def test_as_completed_works_with_any_futures_and_without_progress():
