@@ -67,7 +67,7 @@ from ._futures import CallbackRunner, Latch, PoolFuture, install_on_dispatcher_t
 from ._main_guard import keep_main_importable
 from ._outcomes import StartFailures, failure, format_error, fresh, resolve
 from ._state import StateMachine
-from ._stats import Counters, PoolStats, WorkerStats
+from ._stats import Counters, Outcome, PoolStats, WorkerStats
 from ._wakeup import Wakeup
 from ._wire import Frame, Kind
 from ._worker import Initializer
@@ -125,6 +125,7 @@ class Dispatcher:
         # except to publish a failure).
         self._lock = threading.Lock()
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
+        self._cancels: queue.SimpleQueue[int] = queue.SimpleQueue()  # see cancelled()
         self._task_ids = itertools.count(1)
         self._owner_pid = os.getpid()
         self._closing = False
@@ -208,11 +209,15 @@ class Dispatcher:
         return self.processes, self.census
 
     def stop_task(self, task_id: int) -> None:
-        """Ask for a task to be stopped (caller thread: ``PoolFuture.stop``, and ``cancel``,
-        so that a cancelled task leaves the queue at once; a cancel by the loop itself, of a
-        task it has already ended, needs no command)."""
-        if threading.current_thread() is not self._thread:
-            self._command(StopTask(task_id))
+        """Ask for a task to be stopped (caller thread; ``PoolFuture.stop``)."""
+        self._command(StopTask(task_id))
+
+    def cancelled(self, task_id: int) -> None:
+        """A caller cancelled this task's future (``PoolFuture.cancel``; any thread, a
+        signal handler or a forked copy included: a ``SimpleQueue`` put takes no lock and
+        wakes nothing). The loop takes it out of the queue at its next turn, before it
+        answers any caller (so ``stats()`` never counts it queued)."""
+        self._cancels.put(task_id)
 
     def _command(self, command: Command) -> None:
         """Hand the loop a command (caller thread); dropped once the loop has ended."""
@@ -338,6 +343,7 @@ class Dispatcher:
         if self._lingering:
             timeout = min(timeout if timeout is not None else 1.0, _LINGERING_POLL_SECONDS)
         ready: set[int] = set(wait(self._watched(), timeout))  # type: ignore[arg-type]
+        self.drain_cancels()
         self.drain_wakeups(ready)
         self.deliver_replies(ready)
         self.handle_exits(ready)
@@ -366,8 +372,12 @@ class Dispatcher:
         for command in self._take_commands():
             if isinstance(command, Submit):
                 record = command.record
-                self._tasks[record.info.task_id] = record
                 self._counters.submitted += 1
+                if record.future.cancelled():  # before the loop saw it: it never queues
+                    self._counters.ended(Outcome.CANCELLED)
+                    record.future._end_cancelled()  # (notifies concurrent.futures.wait)
+                    continue
+                self._tasks[record.info.task_id] = record
                 pipelinable = _wire.size_of(record.body) <= PIPELINE_MAX_BYTES
                 self._perform(self._machine.submit(record.info.task_id, pipelinable=pipelinable,
                                                    timeout=record.timeout, schedule=False))
@@ -377,6 +387,7 @@ class Dispatcher:
                 self._perform(self._machine.schedule())
                 unscheduled = False
             if isinstance(command, Sync):
+                self.drain_cancels()  # those a caller made before asking
                 self._publish_census()
                 command.done.set()
             elif isinstance(command, Shutdown):
@@ -387,6 +398,18 @@ class Dispatcher:
                 self._perform(self._machine.terminate(command.signum))
         if unscheduled:
             self._perform(self._machine.schedule())
+
+    def drain_cancels(self) -> None:
+        """Take the tasks their callers cancelled out of the queue (all in one pass)."""
+        if self._cancels.empty():
+            return
+        task_ids = []
+        while True:
+            try:
+                task_ids.append(self._cancels.get_nowait())
+            except queue.Empty:
+                break
+        self._perform(self._machine.tasks_cancelled(task_ids))
 
     def _take_commands(self) -> Iterator[Command]:
         while True:
@@ -530,9 +553,9 @@ class Dispatcher:
                 error = failure(action, death, record.info)
                 if isinstance(error, WorkerDied):
                     self._log_death(error)
-                self._count_end(record, "failed" if isinstance(action, _state.FailDied) else
-                                "timed_out" if isinstance(action, _state.FailTimedOut) else
-                                "stopped")
+                self._count_end(record, Outcome.FAILED if isinstance(action, _state.FailDied)
+                                else Outcome.TIMED_OUT
+                                if isinstance(action, _state.FailTimedOut) else Outcome.STOPPED)
                 resolve(record.future, None, error)
             else:
                 work += self._perform_one(action)
@@ -551,13 +574,10 @@ class Dispatcher:
                    "pool_signal": error.signal_name, "pool_task": error.task.describe(),
                    "pool_task_id": error.task.task_id})
 
-    def _count_end(self, record: TaskRecord, outcome: str) -> None:
-        """Count how a task ended (for ``stats()``); a task its caller stopped while it ran
-        ends cancelled, whatever came back: it counts as stopped."""
-        if record.future._stop_requested:
-            outcome = "stopped"
-        counters = self._counters
-        setattr(counters, outcome, getattr(counters, outcome) + 1)
+    def _count_end(self, record: TaskRecord, outcome: Outcome) -> None:
+        """Count how a task that ran ended (for ``stats()``): a task its caller stopped
+        while it ran ends cancelled, whatever came back, so it counts as stopped."""
+        self._counters.ended(Outcome.STOPPED if record.future._stop_requested else outcome)
 
     def _perform_one(self, action: _state.Action) -> list[_state.Action]:
         if isinstance(action, _state.Send):
@@ -566,25 +586,25 @@ class Dispatcher:
             record = self._tasks.pop(action.task_id)
             assert record.outcome is not None
             ok, value = record.outcome
-            self._count_end(record, "completed" if ok else "failed")
+            self._count_end(record, Outcome.COMPLETED if ok else Outcome.FAILED)
             resolve(record.future, value if ok else None, None if ok else value)
         elif isinstance(action, _state.FailMisbehaved):
             record = self._tasks.pop(action.task_id)
             pid = self._workers[action.slot].pid
-            self._count_end(record, "failed")
+            self._count_end(record, Outcome.FAILED)
             resolve(record.future, None, WorkerProtocolError(
                 f"worker pid {pid} sent bytes that are not a reply while running "
                 f"{record.info.describe()}: {self._workers[action.slot].reader.error}"))
         elif isinstance(action, _state.FailBroken):
             record = self._tasks.pop(action.task_id)
-            self._count_end(record, "failed")
+            self._count_end(record, Outcome.FAILED)
             resolve(record.future, None, self._start_failures.error(_state.MAX_START_FAILURES))
-        elif isinstance(action, _state.Cancel):
-            self._counters.cancelled += 1
-            self._tasks.pop(action.task_id).future.cancel()
-        elif isinstance(action, _state.Stopped):
+        elif isinstance(action, (_state.Cancel, _state.Stopped)):
+            # Ends cancelled even if it was already marked running: a task taken back
+            # from a worker's pipe unread, then cancelled by shutdown or a stop.
             record = self._tasks.pop(action.task_id)
-            self._count_end(record, "stopped" if action.ran else "cancelled")
+            ran = isinstance(action, _state.Stopped) and action.ran
+            self._counters.ended(Outcome.STOPPED if ran else Outcome.CANCELLED)
             record.future._end_cancelled()
         elif isinstance(action, _state.Spawn):
             return self._spawn(action.slot)
@@ -620,7 +640,7 @@ class Dispatcher:
     def _send(self, slot: int, record: TaskRecord) -> list[_state.Action]:
         if not record.marked_running:
             if not record.future.set_running_or_notify_cancel():
-                self._counters.cancelled += 1
+                self._counters.ended(Outcome.CANCELLED)
                 self._tasks.pop(record.info.task_id)
                 return self._machine.task_cancelled(slot, record.info.task_id)
             record.marked_running = True
@@ -707,7 +727,7 @@ class Dispatcher:
             elif isinstance(command, Sync):
                 command.done.set()
         for record in pending:
-            self._counters.failed += 1
+            self._counters.ended(Outcome.FAILED)
             resolve(record.future, None, fresh(error))
         self._tasks.clear()
         self._failed = True  # the machine's records no longer describe anything

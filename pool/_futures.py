@@ -12,7 +12,11 @@ Guarantees:
 - ``stop()`` is decided at once, under the future's own lock: if it returns True the future
   ends cancelled, even if a result arrives before the worker is killed;
 - a caller waiting in ``result()`` / ``exception()`` (or ``Dispatcher.join``) holds no lock
-  the dispatcher needs (it waits on a ``Latch``), so a Ctrl-C in the wait cannot deadlock it.
+  the dispatcher needs (it waits on a ``Latch``), so a Ctrl-C in the wait cannot deadlock it;
+- ``cancel()`` takes only the future's own lock and runs the callbacks after releasing it,
+  as the stdlib's does; it tells the pool through a queue that needs no lock;
+- the pool's own ``_when_done`` hooks (progress counts) run once, on the resolving thread,
+  before the callbacks are handed on: they only put a number on a queue.
 Assumes: ``concurrent.futures.Future`` keeps its state in ``_state`` under ``_condition``,
 notifies ``_waiters`` and runs callbacks through ``_invoke_callbacks()`` (true from 3.2 to
 3.14; ``tests/test_lifecycle.py`` and ``tests/test_timeouts.py`` pin it).
@@ -106,10 +110,10 @@ class PoolFuture(Future[T]):
     _stopper: Any = None  # set by the pool: the dispatcher that can stop the task
     _task_id = 0
     _stop_requested = False
-    # The pool's own hook (progress counting), called once, when the future is done, on
-    # whichever thread resolved it, before the done-callbacks are handed on: it only puts
-    # a number on a queue, so it may run on the dispatcher thread. See ``on_done``.
-    _on_done: Callable[[Future[Any]], None] | None = None
+    # The pool's own hooks (progress counting), called once, when the future is done, on
+    # whichever thread resolved it, before the done-callbacks are handed on: they only put
+    # a number on a queue, so they may run on the dispatcher thread. See ``_when_done``.
+    _done_hooks: list[Callable[[Future[Any]], None]] | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -179,16 +183,22 @@ class PoolFuture(Future[T]):
         return super().exception(0)
 
     def cancel(self) -> bool:
+        """As ``Future.cancel``; a cancelled task also leaves the pool's queue (and the
+        counts of ``stats()``) at once, not when it reaches the front. Takes no lock but
+        the future's own (so it is safe where the stdlib's is: in a done-callback, a signal
+        handler, a forked child) and runs the done-callbacks after releasing it."""
         with self._condition:
-            pending = self._state == _base.PENDING
-            cancelled = super().cancel()
-        if cancelled:
-            self._wake()
-            if pending and self._stopper is not None:
-                # Tell the pool now, not when the task reaches the head of its queue: the
-                # task leaves the queue (and the counts of stats()) at once.
-                self._stopper.stop_task(self._task_id)
-        return cancelled
+            if self._state in (_base.RUNNING, _base.FINISHED):
+                return False
+            if self._state in (_base.CANCELLED, _base.CANCELLED_AND_NOTIFIED):
+                return True
+            self._state = _base.CANCELLED
+            self._condition.notify_all()
+        if self._stopper is not None:
+            self._stopper.cancelled(self._task_id)
+        self._wake()
+        self._invoke_callbacks()
+        return True
 
     def set_result(self, result: T) -> None:
         with self._condition:
@@ -220,21 +230,24 @@ class PoolFuture(Future[T]):
         if state != _base.CANCELLED:  # cancel() already ran the callbacks
             self._invoke_callbacks()
 
-    def on_done(self, hook: Callable[[Future[Any]], None]) -> None:
-        """Call the pool's ``hook(future)`` once this future is done (at once if it is):
-        unlike a done-callback it runs on the resolving thread, so it must never block or
-        raise (one per future; for the pool's own use)."""
+    def _when_done(self, hook: Callable[[Future[Any]], None]) -> None:
+        """Call the pool's ``hook(future)`` once this future is done (at once if it is).
+        Unlike a done-callback it runs on the resolving thread, the dispatcher's included,
+        so it must never block or raise: the pool's own use only (progress counting)."""
         with self._condition:
             if self._state not in _DONE_STATES:
-                self._on_done = hook
+                if self._done_hooks is None:
+                    self._done_hooks = []
+                self._done_hooks.append(hook)
                 return
         hook(self)
 
     def _invoke_callbacks(self) -> None:
-        hook = self._on_done
-        if hook is not None:
-            self._on_done = None
-            hook(self)
+        hooks = self._done_hooks
+        if hooks is not None:
+            self._done_hooks = None
+            for hook in hooks:
+                hook(self)
         runner: CallbackRunner | None = getattr(_dispatcher_local, "runner", None)
         if runner is None:
             _run_callbacks(self)  # a caller's thread (cancel()): run them here, as stdlib
@@ -343,7 +356,9 @@ class CallbackRunner:
                 join_interruptibly(thread)
             else:
                 thread.join(max(0.0, deadline - time.monotonic()))
-        if not threads:
+        with self._lock:
+            never_started = not self._threads
+        if never_started:
             self._run_leftovers()
         return [t for t in threads if t.is_alive()]
 

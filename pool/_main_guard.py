@@ -46,7 +46,8 @@ def keep_main_importable() -> None:
     nothing else reads the attribute.
     """
     main = sys.modules.get("__main__")
-    if _main_path is not None and main is not None and not hasattr(main, "__file__"):
+    if (_main_path is not None and main is not None and not hasattr(main, "__file__")
+            and not sys.flags.interactive):  # (``python -i``: the session goes on)
         main.__file__ = _main_path
 
 

@@ -2,8 +2,9 @@
 ``as_completed(fs, progress=bar)`` call ``bar.update(n)`` with counts of items done.
 
 Owns: one ``Progress`` per call given a progress object, and the thread that calls it.
-Runs in: futures report from whatever thread resolves them (their done-callbacks, which the
-pool runs off its dispatcher thread); the progress object itself is called only on the
+Runs in: futures report from whatever thread resolves them (a pool future through its
+``_when_done`` hook, on the dispatcher thread, which only puts a number on a queue; any
+other future through a done-callback); the progress object itself is called only on the
 ``Progress``'s own thread, one call at a time, with the counts that arrived meanwhile added
 together (a burst of results is one ``update``).
 Guarantees: a progress object that is slow or blocks delays no result and never runs on the
@@ -78,8 +79,8 @@ class Progress:
             count(0 if f.cancelled() else items)
 
         if isinstance(future, PoolFuture):
-            future.on_done(counted)  # no hop through a callback thread: the pool's futures
-            # are resolved by its dispatcher, which may put a number on a queue
+            future._when_done(counted)  # no hop through a callback thread: the pool's
+            # futures are resolved by its dispatcher, which may put a number on a queue
         else:
             future.add_done_callback(counted)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Iterator, Mapping
 
 
 class InvalidTransition(RuntimeError):
@@ -126,3 +127,52 @@ class Slot:
     ending: Ending | None = None    # set while the pool ends it with a task running
     idle_since: float | None = None  # when it last became READY with nothing in flight
     idled_out: bool = False         # its worker was stopped for idling: refilled on demand only
+
+
+class TaskQueue:
+    """The tasks waiting for a worker, in order (``append``, and ``appendleft`` for those
+    that go back to the front). A task that leaves from the middle (its caller cancelled
+    it) costs O(1): its id stays where it is, no longer among the live tasks, and is dropped
+    when it reaches the front; cancelling thousands of queued tasks is then linear, not
+    quadratic. ``len``, iteration and ``head`` see live tasks only."""
+
+    __slots__ = ("_ids", "_live", "_dead")
+
+    def __init__(self, live: Mapping[int, object]) -> None:
+        self._ids: deque[int] = deque()
+        self._live = live   # the machine's tasks by id: a queued id not in it has left
+        self._dead = 0      # ids in _ids that are not live
+
+    def __len__(self) -> int:
+        return len(self._ids) - self._dead
+
+    def __bool__(self) -> bool:
+        return len(self._ids) > self._dead
+
+    def __iter__(self) -> Iterator[int]:
+        return (task_id for task_id in self._ids if task_id in self._live)
+
+    def append(self, task_id: int) -> None:
+        self._ids.append(task_id)
+
+    def appendleft(self, task_id: int) -> None:
+        self._ids.appendleft(task_id)
+
+    def left(self) -> None:
+        """A queued task has just ended (it is no longer live): forget it, lazily."""
+        self._dead += 1
+
+    def head(self) -> int:
+        """The first live task (the queue must not be empty)."""
+        self._prune()
+        return self._ids[0]
+
+    def popleft(self) -> int:
+        self._prune()
+        return self._ids.popleft()
+
+    def _prune(self) -> None:
+        ids = self._ids
+        while ids and ids[0] not in self._live:
+            ids.popleft()
+            self._dead -= 1

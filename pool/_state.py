@@ -33,7 +33,8 @@ from ._actions import (Action, Broken, Cancel, DumpStack, FailBroken, FailDied, 
                        FailTerminated, FailTimedOut, Reclaim, Resolve, Send, Signal, Spawn,
                        Stop, Stopped, Unreaped)
 from ._records import (SLOT_TRANSITIONS, TASK_TRANSITIONS, Ending, Escalation,
-                       InvalidTransition, Phase, Slot, SlotState, Task, TaskState, Timeouts)
+                       InvalidTransition, Phase, Slot, SlotState, Task, TaskQueue, TaskState,
+                       Timeouts)
 
 __all__ = [
     "TaskState", "SlotState", "Phase", "Escalation", "Ending", "InvalidTransition",
@@ -80,7 +81,7 @@ class StateMachine:
         self.terminating = False
         self.start_failures = 0
         self._tasks: dict[int, Task] = {}
-        self._queue: deque[int] = deque()
+        self._queue = TaskQueue(self._tasks)
         self._max_tasks = max_tasks_per_child
         self._depth = pipeline_depth
         self._timeouts = timeouts
@@ -120,8 +121,10 @@ class StateMachine:
         for slot in self.slots:
             if slot.deadline is not None:
                 deadlines.append(slot.deadline)
-            if (idle_at := self._idle_deadline(slot)) is not None:
-                deadlines.append(idle_at)
+            if self._idle_timeout is not None:
+                idle_at = self._idle_deadline(slot)
+                if idle_at is not None:
+                    deadlines.append(idle_at)
             if not slot.in_flight or slot.state not in _RUNNING_STATES:
                 continue
             head = self._tasks[slot.in_flight[0]]
@@ -309,8 +312,8 @@ class StateMachine:
         if task is None:
             return []
         if task.state is TaskState.QUEUED:
-            self._queue.remove(task_id)
             self._move_task(task, TaskState.CANCELLED)
+            self._queue.left()
             return [Stopped(task_id)] + self._schedule()
         if task.state is TaskState.ASSIGNED:
             # Behind another task in its worker's pipe: take it back (if the worker has
@@ -319,6 +322,19 @@ class StateMachine:
             return [Reclaim(next(s for s in self.slots if task_id in s.in_flight).index)]
         slot = next(s for s in self.slots if s.in_flight and s.in_flight[0] == task_id)
         return self._stop_running(slot)
+
+    def tasks_cancelled(self, task_ids: list[int]) -> list[Action]:
+        """Their callers cancelled these tasks' futures while they were queued: they leave
+        the queue (in O(1) each). Tasks no longer queued are skipped: already sent (found
+        cancelled at send time: ``task_cancelled``), ended, or never known."""
+        actions: list[Action] = []
+        for task_id in task_ids:
+            task = self._tasks.get(task_id)
+            if task is not None and task.state is TaskState.QUEUED:
+                self._move_task(task, TaskState.CANCELLED)
+                self._queue.left()
+                actions.append(Stopped(task_id))
+        return actions + self._schedule() if actions else []
 
     def shutdown(self, *, cancel_futures: bool) -> list[Action]:
         actions: list[Action] = []
@@ -391,7 +407,7 @@ class StateMachine:
                 actions.append(self._escalate(slot, Escalation.DUMPING))
                 slot.ending = Ending.TIMED_OUT
         for slot in self.slots:
-            idle_at = self._idle_deadline(slot)
+            idle_at = None if self._idle_timeout is None else self._idle_deadline(slot)
             if idle_at is not None and idle_at <= now:
                 slot.idled_out = True
                 actions.append(self._ask_to_stop(slot))
@@ -491,7 +507,7 @@ class StateMachine:
         actions: list[Action] = []
         now = self._clock()
         while self._queue:
-            slot = self._pick_slot(self._tasks[self._queue[0]].pipelinable, now)
+            slot = self._pick_slot(self._tasks[self._queue.head()].pipelinable, now)
             if slot is None:
                 break
             task = self._tasks[self._queue.popleft()]

@@ -15,11 +15,10 @@ their sum. A ``map`` chunk is one task.
 from __future__ import annotations
 
 import collections
+import enum
 import os
 import signal
 from dataclasses import dataclass, replace
-from types import MappingProxyType
-from typing import Mapping
 
 from ._errors import TaskInfo
 
@@ -69,7 +68,7 @@ class PoolStats:
     timed_out: int
     workers_started: int
     worker_deaths: int
-    deaths_by_cause: Mapping[str, int]
+    deaths_by_cause: dict[str, int]     # a copy: the snapshot's own
     workers: tuple[WorkerStats, ...]
 
     def __repr__(self) -> str:
@@ -85,28 +84,44 @@ class PoolStats:
         return f"<PoolStats {', '.join(counts)}; {workers})>"
 
 
+class Outcome(enum.Enum):
+    """How a task ended, as ``PoolStats`` counts it (see its docstring)."""
+
+    __hash__ = object.__hash__  # looked up once per task: identity, no Python code
+
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    STOPPED = "stopped"
+    TIMED_OUT = "timed_out"
+
+
 class Counters:
     """Running totals, changed by the dispatcher thread only (see the module docstring)."""
 
-    __slots__ = ("submitted", "completed", "failed", "cancelled", "stopped", "timed_out",
-                 "workers_started", "deaths")
+    __slots__ = ("submitted", "workers_started", "endings", "deaths")
 
     def __init__(self) -> None:
-        self.submitted = self.completed = self.failed = self.cancelled = 0
-        self.stopped = self.timed_out = self.workers_started = 0
+        self.submitted = self.workers_started = 0
+        self.endings = dict.fromkeys(Outcome, 0)
         self.deaths: collections.Counter[str] = collections.Counter()
+
+    def ended(self, outcome: Outcome) -> None:
+        self.endings[outcome] += 1
 
     def worker_died(self, exitcode: int | None) -> None:
         self.deaths[death_cause(exitcode)] += 1
 
     def snapshot(self, queued: int, running: int, workers: tuple[WorkerStats, ...]
                  ) -> PoolStats:
+        endings = self.endings
         return PoolStats(
             submitted=self.submitted, queued=queued, running=running,
-            completed=self.completed, failed=self.failed, cancelled=self.cancelled,
-            stopped=self.stopped, timed_out=self.timed_out,
-            workers_started=self.workers_started, worker_deaths=sum(self.deaths.values()),
-            deaths_by_cause=MappingProxyType(dict(self.deaths)), workers=workers)
+            completed=endings[Outcome.COMPLETED], failed=endings[Outcome.FAILED],
+            cancelled=endings[Outcome.CANCELLED], stopped=endings[Outcome.STOPPED],
+            timed_out=endings[Outcome.TIMED_OUT], workers_started=self.workers_started,
+            worker_deaths=sum(self.deaths.values()), deaths_by_cause=dict(self.deaths),
+            workers=workers)
 
 
 def death_cause(exitcode: int | None) -> str:

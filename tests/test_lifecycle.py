@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import pytest
 
@@ -370,3 +371,74 @@ def test_a_forked_child_of_a_pools_process_runs_a_pool_of_its_own(method, tmp_pa
     # ensure_running() fails on it there: ChildProcessError); it starts its own.
     facts, _ = run_script(FORKED_CHILD_POOL, method, tmp_path, timeout=90)
     assert facts == {"got": "49", "same": True, "children_left": [], "threads_left": []}
+
+
+# -- cancel() as the stdlib's: only the future's own lock, callbacks outside it -----------
+
+
+def test_a_done_callback_of_a_cancelled_future_may_wait_for_the_pool(ctx):
+    # The callback runs with no lock held that the pool's thread needs: it can shut the
+    # pool down and wait, while the pool reaches the cancelled task (it used to deadlock).
+    ex = pool.ProcessPool(1, mp_context=ctx)
+    running = ex.submit(tasks.sleep_then, 0.3, "first")
+    queued = ex.submit(tasks.square, 2)
+    after = ex.submit(tasks.square, 3)
+    returned = threading.Event()
+
+    def shut_down(_):
+        ex.shutdown(wait=True)
+        returned.set()
+
+    queued.add_done_callback(shut_down)
+    assert queued.cancel()
+    assert returned.is_set()
+    assert running.result(0) == "first" and after.result(0) == 9
+
+
+def test_shutdown_from_a_done_callback_leaves_no_callback_thread(ctx):
+    ex = pool.ProcessPool(1, mp_context=ctx)
+    returned = threading.Event()
+    ex.submit(tasks.square, 1).add_done_callback(
+        lambda _: (ex.shutdown(wait=True), returned.set()))
+    assert returned.wait(60)
+    # (the leak check fails the test if the callback thread is still there)
+    assert wait_until(lambda: not [t for t in threading.enumerate()
+                                   if t.name.startswith(ex._dispatcher.name)], 10)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
+def test_cancel_in_a_forked_child_takes_no_lock_of_the_parents_pool(ctx):
+    ex = pool.ProcessPool(1, mp_context=ctx)
+    blocker = ex.submit(tasks.sleep_then, 0.5)
+    queued = ex.submit(tasks.square, 2)
+    held, release = threading.Event(), threading.Event()
+
+    def submitting():  # another thread inside submit() at the fork: the lock is held
+        with ex._dispatcher._lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=submitting)
+    holder.start()
+    assert held.wait(30)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+        child = os.fork()
+    if child == 0:
+        try:
+            os._exit(0 if queued.cancel() else 1)  # the child's copy of the future
+        finally:
+            os._exit(2)
+    release.set()
+    holder.join()
+    deadline = time.monotonic() + 30
+    while (status := os.waitpid(child, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if status[0] == 0:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+        pytest.fail("cancel() hung in the forked child")
+    assert os.waitstatus_to_exitcode(status[1]) == 0
+    assert not queued.cancelled() and queued.result(60) == 4  # the parent's task is untouched
+    assert blocker.result(60) is None
+    ex.shutdown()

@@ -137,3 +137,14 @@ def test_tqdm_is_driven_as_it_is():
             i * i for i in range(60)]
         assert bar.n == 60
     assert "60/60" in out.getvalue()
+
+
+def test_two_progress_targets_over_the_same_futures_both_count(ctx):
+    overall, group = Recorder(), Recorder()
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        fs = [p.submit(tasks.sleep_then, 0.05, i) for i in range(10)]
+        first = pool.as_completed(fs, timeout=60, progress=overall)
+        assert len(list(pool.as_completed(fs, timeout=60, progress=group))) == 10
+        assert len(list(first)) == 10
+    assert sum(overall.counts) == sum(group.counts) == 10
+    assert not progress_threads()

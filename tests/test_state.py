@@ -553,3 +553,17 @@ def test_a_stopped_running_task_says_it_ran_and_a_stopped_queued_one_says_it_did
     assert m.stop_task(2) == [Stopped(2, ran=False)]
     m.stop_task(1)
     assert m.worker_exited(0) == [Stopped(1, ran=True), Spawn(0)]
+
+
+def test_tasks_cancelled_in_the_queue_leave_it_wherever_they_are():
+    m, _ = machine(1)
+    for task_id in range(1, 7):
+        m.submit(task_id)
+    start(m, 0)  # task 1 runs; 2..6 wait
+    assert m.tasks_cancelled([6, 3, 2, 1, 99]) == [Stopped(6), Stopped(3), Stopped(2)]
+    assert m.queued == [4, 5] and m.census() == (2, 1)
+    assert m.task_state(3) is None
+    assert m.task_replied(0, 1) == [Resolve(1), Send(0, 4)]  # the front skips what left
+    assert m.tasks_cancelled([4, 5]) == [Stopped(5)]  # 4 was sent meanwhile: not queued
+    assert m.queued == [] and m.census() == (0, 1)
+    assert m.tasks_cancelled([]) == []

@@ -18,7 +18,7 @@ import signal
 import pytest
 
 from pool import _actions as act
-from pool._state import InvalidTransition, SlotState, StateMachine, Timeouts
+from pool._state import InvalidTransition, SlotState, StateMachine, TaskState, Timeouts
 
 
 class Clock:
@@ -102,10 +102,11 @@ class World:
         choices += ["garbage"] * (1 if busy and rng.random() < 0.05 else 0)
         choices += ["memory"] * (1 if busy and rng.random() < 0.05 else 0)
         choices += ["stop"] * (1 if self.next_task > 1 and rng.random() < 0.1 else 0)
+        choices += ["cancel"] * (1 if self.next_task > 1 and rng.random() < 0.1 else 0)
         choices += ["terminate"] * (1 if rng.random() < 0.01 else 0)
         choices += ["tick", "schedule"]
         choice = rng.choice(choices)
-        if choice not in ("tick", "stop", "terminate"):  # these events schedule nothing
+        if choice not in ("tick", "stop", "terminate", "cancel"):  # may schedule nothing
             self.unscheduled = False
         if choice == "submit":
             task_id, self.next_task = self.next_task, self.next_task + 1
@@ -132,6 +133,9 @@ class World:
             self.perform(m.worker_over_memory(rng.choice(busy)))
         elif choice == "stop":  # any task, perhaps one that has ended already
             self.perform(m.stop_task(rng.randrange(1, self.next_task)))
+        elif choice == "cancel":  # callers cancel a few futures, queued or not, at once
+            ids = [rng.randrange(1, self.next_task) for _ in range(rng.randint(1, 4))]
+            self.perform(m.tasks_cancelled(ids))
         elif choice == "schedule":
             self.perform(m.schedule())
         elif choice == "terminate":
@@ -183,6 +187,9 @@ def test_random_event_sequences_keep_every_guarantee(seed):
         for _ in range(world.rng.randint(0, 300)):
             world.step()
             m = world.machine
+            queued = m.queued
+            assert len(queued) == len(set(queued)) == m.census()[0]  # cancels leave no trace
+            assert all(m.task_state(t) is TaskState.QUEUED for t in queued)
             counted = {state: n for state, n in m._in_state.items() if n}
             assert counted == collections.Counter(s.state for s in m.slots)
             if m.queued and not (m.broken or m.terminating or world.unscheduled):

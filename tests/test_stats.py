@@ -147,3 +147,41 @@ def test_idle_timeout_is_checked():
         pool.ProcessPool(1, idle_timeout=0)
     with pytest.raises(TypeError):
         pool.ProcessPool(1, idle_timeout="1")  # type: ignore[arg-type]
+
+
+def test_a_snapshot_pickles_and_converts_to_a_dict(ctx):
+    import dataclasses
+    import pickle
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        with pytest.raises(pool.WorkerDied):
+            p.submit(tasks.sigkill_self).result(60)
+        p.submit(tasks.square, 2).result(60)
+        stats = p.stats()
+    assert pickle.loads(pickle.dumps(stats)) == stats
+    as_dict = dataclasses.asdict(stats)
+    assert as_dict["deaths_by_cause"] == {"SIGKILL": 1} and as_dict["completed"] == 1
+    assert isinstance(as_dict["workers"], tuple)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="tasks wait in a worker's pipe on Linux")
+def test_tasks_taken_back_from_a_pipe_then_cancelled_by_shutdown_end_cancelled(ctx):
+    # Small tasks sent ahead behind a long one are marked running; once the pool has taken
+    # them back (the long one ran 5 ms), shutdown's cancel_futures cancels them: they end
+    # cancelled (they used to stay running for good) and count as cancelled.
+    p = pool.ProcessPool(1, mp_context=ctx)
+    for attempt in range(5):  # until they were sent ahead (a loaded machine may not)
+        for i in range(20):  # short tasks: the worker gets small ones queued in its pipe
+            p.submit(tasks.square, i).result(60)
+        long = p.submit(tasks.sleep_then, 2.0)
+        behind = [p.submit(tasks.square, i) for i in range(4)]
+        if wait_until(lambda: all(f.running() for f in behind), 1):
+            break
+        long.result(60), [f.result(60) for f in behind]
+    else:
+        pytest.fail("small tasks were never sent ahead behind a long one")
+    assert wait_until(lambda: p._dispatcher.snapshot()[1] == (4, 1), 60)  # back in queue
+    p.shutdown(wait=True, cancel_futures=True)
+    assert all(f.cancelled() for f in behind) and long.result(0) is None
+    stats = p.stats()
+    assert (stats.cancelled, stats.stopped) == (4, 0)
+    assert stats.submitted == total(stats) == stats.completed + 4
