@@ -47,6 +47,12 @@ class StartFailures:
 
     def spawn_raised(self, exc: BaseException) -> None:
         self._last = f"starting the process failed: {format_error(exc)}"
+        if isinstance(exc, RuntimeError) and "interpreter shutdown" in str(exc):
+            # 3.12 refuses fork() once the main script has returned, even while the exit
+            # waits for submitted work: a fork worker cannot start then.
+            self._last += (" (this Python does not fork once the main script has returned: "
+                           "wait for the results before the script ends, or use the "
+                           "forkserver or spawn start method)")
         self._cause = exc
         logger.warning("%s: %s", self._pool_name, self._last)
 

@@ -244,7 +244,13 @@ def test_work_submitted_as_the_script_returns_runs_in_a_worker_started_during_ex
     script.write_text(SUBMIT_AND_RETURN.format(tests=str(TESTS_DIR), method=method))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=60, cwd=str(tmp_path))
-    assert proc.returncode == 0 and "RESULT 42" in proc.stdout, proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    if method == "fork" and "can't fork at interpreter shutdown" in proc.stderr:
+        # 3.12 forks nothing once the script has returned: the task fails, and says why.
+        assert sys.version_info[:2] == (3, 12), proc.stderr
+        assert "does not fork once the main script has returned" in proc.stderr
+        return
+    assert "RESULT 42" in proc.stdout, proc.stderr
     assert "Traceback" not in proc.stderr
 
 
