@@ -8,8 +8,11 @@
  Dispatcher.stop_task(id)          ready = wait([_wakeup.reader,                 FrameStream.next
  Dispatcher.terminate(signum)                 *reply fds, *sentinels],           run fn(*args)
  Dispatcher.live_processes()                  timeout=next deadline)             write_frame(RESULT
-   Submit|StopTask|Terminate|Sync  drain_wakeups   (Submit, Shutdown, StopTask,          | RAISED)
-   ─► _commands, _wakeup.wake()                     Terminate, Sync → latch)
+   Submit|StopTask|Terminate|Sync  drain_cancels   (_cancels → StateMachine.        | RAISED)
+   ─► _commands, _wakeup.wake()                     tasks_cancelled)
+ Dispatcher.cancelled(id)         drain_wakeups   (Submit, Shutdown, StopTask,
+   ─► _cancels (no lock, no wake)                   Terminate, Sync → census and
+                                                    stats published, latch)
  future.result() ◄── _resolve ◄─   deliver_replies (WorkerHandle.read: FrameReader)
  done-callbacks ◄── CallbackRunner handle_exits    (WorkerHandle.finish → WorkerDied,
  (own threads)                                      TaskTimeout, WorkerTerminated)
@@ -23,7 +26,8 @@
                                      Reclaim, Stop, Signal, DumpStack, Unreaped)  → killpg, exit
 
 Owns: the ``StateMachine``, the task records, one ``WorkerHandle`` per live worker, the
-pool's lifeline pipe, and the wakeup handle.
+pool's lifeline pipe, the wakeup handle, and the ``Counters`` behind ``stats()`` (published
+as ``self.stats`` when a caller's ``Sync`` arrives, never per turn).
 Runs in: the dispatcher thread, except the methods marked "caller thread".
 Guarantees:
 - replies already written by a worker are delivered before its exit is handled, so a task
@@ -42,7 +46,7 @@ Guarantees:
 - the loop ends only when every task is resolved, every worker reaped (or reported) and
   every lingering process group gone (or reported).
 Assumes: callers enqueue commands only through ``submit``, ``shutdown``, ``stop_task``,
-``terminate`` and ``live_processes``; the thread is
+``cancelled``, ``terminate`` and ``live_processes``/``snapshot``; the thread is
 the only reader and writer of every attribute not marked as shared.
 """
 
@@ -668,11 +672,11 @@ class Dispatcher:
     def _spawn(self, slot: int) -> list[_state.Action]:
         assert self._lifeline is not None
         inherited = None
-        if not self._fork:
-            keep_main_importable()
         if self._fork:  # a forked child holds copies of everything: say what to close
             inherited = (self._lifeline[1], *self._wakeup_fds(),
                          *(fd for w in self._workers.values() for fd in w.parent_fds()))
+        else:  # the worker imports the main script again: it must still be named
+            keep_main_importable()
         try:
             self._workers[slot] = WorkerHandle.start(
                 self._ctx, f"{self.name}-worker-{slot}", lifeline_fd=self._lifeline[0],
