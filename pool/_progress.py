@@ -85,7 +85,7 @@ class Progress:
 
         def counted(f: Future[Any]) -> None:
             # (the state, read without the future's lock: it is final once done)
-            count(0 if f._state in _CANCELLED else items)  # type: ignore[attr-defined]
+            count(0 if f._state in _CANCELLED else items)
 
         if isinstance(future, PoolFuture):
             future._when_done(counted)  # no hop through a callback thread: the pool's
