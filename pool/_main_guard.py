@@ -58,7 +58,8 @@ def check_not_daemonic() -> None:
         raise RuntimeError(
             "pool.ProcessPool cannot start workers in this process: it is a daemonic "
             "multiprocessing process, and those may not have children. Create the pool in a "
-            "process started with daemon=False (for a dask worker under a nanny: set "
+            "process started with daemon=False (for a dask worker under a nanny: register "
+            "pool.dask.ProcessPoolPlugin, which makes that safe, or set "
             "distributed.worker.daemon to False, e.g. DASK_DISTRIBUTED__WORKER__DAEMON=False).")
 
 

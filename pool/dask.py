@@ -1,0 +1,260 @@
+"""pool as the task executor of dask.distributed workers (``pip install pool[dask]``).
+
+Owns: the ``ProcessPool`` it installs in each dask worker (as the worker's default executor,
+or a named one that tasks choose with ``dask.annotate(executor=NAME)``), the daemonic flag of
+that worker process, and the worker's memory reading (its child processes counted).
+Runs in: the dask worker process: ``setup`` and ``teardown`` on the worker's event loop (the
+pool's waits in a thread of their own, never blocking the loop); the tasks on the pool's
+dispatcher thread and its processes.
+Guarantees:
+- a task that kills its process (segfault, ``os._exit``, SIGKILL, the OOM killer) fails only
+  that task, with :class:`pool.WorkerDied` on the client's future; the dask worker, its
+  other tasks and its data live on (dask's default executor runs tasks in threads of the
+  dask worker, which such a task takes down whole);
+- the pool's processes end with the dask worker, however it ends: closed, restarted by its
+  nanny, SIGKILLed (each pool worker has a lifeline to its parent);
+- removing the plugin puts back the executor it replaced, after the pool's tasks finish.
+Assumes: distributed's ``Worker`` runs a task of a non-thread executor as
+``loop.run_in_executor(executor, _run_task_simple, ...)`` and shuts its executors down on
+close (true of distributed 2023 onwards). Importing ``pool`` never imports this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import click
+from distributed import WorkerPlugin
+from distributed.core import Status
+
+from ._executor import ProcessPool, default_context
+
+if TYPE_CHECKING:
+    from distributed import Worker
+
+__all__ = ["ProcessPoolPlugin", "dask_setup"]
+
+# A worker in these states is going away: the scheduler has already taken its tasks back,
+# so what still runs in its pool is stopped rather than waited for.
+_CLOSING = frozenset({Status.closing, Status.closing_gracefully, Status.closed,
+                      Status.failed})
+
+
+class ProcessPoolPlugin(WorkerPlugin):  # type: ignore[misc]  # (distributed is untyped)
+    """Run a dask worker's tasks in a ``pool.ProcessPool`` instead of its threads.
+
+    ``client.register_plugin(ProcessPoolPlugin())`` gives every worker of the cluster
+    (those that join later too) a pool as its default executor: a task that segfaults, is
+    OOM-killed or calls ``os._exit`` fails alone with :class:`pool.WorkerDied`, and the dask
+    worker carries on. ``ProcessPoolPlugin("processes")`` installs it under that name
+    instead, for the tasks annotated ``dask.annotate(executor="processes")``; the others
+    keep running in threads.
+
+    ``max_workers`` defaults to the dask worker's ``nthreads`` (how many tasks it runs at
+    once). ``start_method`` is a ``multiprocessing`` start method's name (default:
+    forkserver where there is one, else spawn). ``task_timeout``, ``max_memory_per_child``,
+    ``max_tasks_per_child``, ``idle_timeout``, ``initializer`` and ``initargs`` are
+    ``ProcessPool``'s.
+
+    A dask worker started by a nanny is a daemonic process, which ``multiprocessing``
+    forbids to have children (so that none outlives it). The plugin lifts that flag in the
+    dask worker process: its pool's processes cannot outlive it either, because each one
+    watches its parent and ends itself and its process group when the parent is gone.
+    The nanny's view of the worker is unchanged.
+
+    With ``count_children_memory`` (the default), the memory the dask worker reports and
+    acts on (spilling at 70%, pausing at 80% of its ``memory_limit``) includes its child
+    processes'. The nanny's restart at 95% still sees the worker process only; bound each
+    pool process with ``max_memory_per_child``.
+    """
+
+    idempotent = False
+
+    def __init__(self, executor: str = "default", *, max_workers: int | None = None,
+                 start_method: str | None = None, task_timeout: float | None = None,
+                 max_memory_per_child: int | None = None,
+                 max_tasks_per_child: int | None = None, idle_timeout: float | None = None,
+                 initializer: Callable[..., Any] | None = None,
+                 initargs: tuple[Any, ...] = (), count_children_memory: bool = True) -> None:
+        if not isinstance(executor, str) or not executor:
+            raise TypeError("executor must be a non-empty string (an executor's name)")
+        if executor in ("offload", "actor"):
+            raise ValueError(f"{executor!r} is an executor dask keeps for itself")
+        methods = multiprocessing.get_all_start_methods()
+        if start_method is not None and start_method not in methods:
+            raise ValueError(f"start_method must be one of {methods}, not {start_method!r}")
+        self.executor = executor
+        # One plugin per executor name: registering another for the same name replaces it.
+        self.name = f"pool-executor-{executor}"
+        self.options: dict[str, Any] = dict(
+            max_workers=max_workers, task_timeout=task_timeout,
+            max_memory_per_child=max_memory_per_child, max_tasks_per_child=max_tasks_per_child,
+            idle_timeout=idle_timeout, initializer=initializer, initargs=tuple(initargs))
+        self.start_method = start_method
+        self.count_children_memory = count_children_memory
+        # Bad options fail here, at the call, not in every dask worker's log: a pool made
+        # with them and closed at once checks them all (it starts no process or thread).
+        # (Not in a daemonic process, where no pool can be made: a preload in a dask worker
+        # under its nanny, whose setup follows at once and fails just as loudly.)
+        if not multiprocessing.current_process().daemon:
+            ProcessPool(**self.options).shutdown()
+        # Per dask worker (several can share one process, e.g. LocalCluster(processes=False)):
+        # the pool installed there and the executor it replaced, if any.
+        self._installed: dict[int, tuple[ProcessPool, Any]] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_installed"] = {}  # pools stay in their process
+        return state
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{k}={v!r}" for k, v in self.options.items()
+                            if v is not None and v != ())
+        return (f"ProcessPoolPlugin({self.executor!r}{', ' if options else ''}{options}, "
+                f"start_method={self.start_method!r})")
+
+    def setup(self, worker: Worker) -> None:
+        _allow_children()
+        context = (default_context() if self.start_method is None
+                   else multiprocessing.get_context(self.start_method))
+        options = dict(self.options)
+        if options["max_workers"] is None:
+            options["max_workers"] = worker.state.nthreads
+        executor = ProcessPool(mp_context=context, **options)
+        self._installed[id(worker)] = (executor, worker.executors.get(self.executor))
+        worker.executors[self.executor] = executor
+        if self.count_children_memory:
+            _count_children_memory(worker)
+
+    async def teardown(self, worker: Worker) -> None:
+        installed = self._installed.pop(id(worker), None)
+        if installed is None:
+            return
+        executor, replaced = installed
+        if worker.executors.get(self.executor) is executor:
+            # Tasks that start from now on find the executor that was there before.
+            if replaced is None:
+                del worker.executors[self.executor]
+            else:
+                worker.executors[self.executor] = replaced
+        if not any(isinstance(e, ProcessPool) for e in worker.executors.values()):
+            _stop_counting_children_memory(worker)
+        # A closing worker's running tasks are no longer awaited (dask cancelled them and
+        # will run them elsewhere): end them now. Otherwise (the plugin alone is removed)
+        # they finish first.
+        end: Callable[[], None] = (executor.terminate_workers if worker.status in _CLOSING
+                                   else executor.shutdown)
+        try:
+            await asyncio.to_thread(end)
+        except RuntimeError:  # no new thread during interpreter exit: end it here (bounded)
+            executor.terminate_workers()
+
+
+def _allow_children() -> None:
+    """Let this process start the pool's workers even if it is daemonic (see the plugin's
+    docstring for why that is safe for pool's processes)."""
+    process = multiprocessing.current_process()
+    if process.daemon:
+        process.daemon = False
+
+
+# --- memory -------------------------------------------------------------------------------
+
+def _count_children_memory(worker: Worker) -> None:
+    """Make the worker's memory reading include its descendants' resident memory.
+
+    ``SystemMonitor.get_process_memory`` is what the worker's memory manager (spill, pause)
+    and its reports to the scheduler read; distributed made it a method of its own so that
+    it can be replaced. Installed once per worker, whatever the number of pools: it counts
+    every descendant, so two pools are not counted twice.
+    """
+    monitor = worker.monitor
+    if getattr(monitor.get_process_memory, "counts_children", False):
+        return
+    reading = _WithChildren(monitor.proc, monitor.get_process_memory)
+    monitor.get_process_memory = reading
+
+
+def _stop_counting_children_memory(worker: Worker) -> None:
+    reading = worker.monitor.get_process_memory
+    if getattr(reading, "counts_children", False):
+        worker.monitor.get_process_memory = reading.own
+
+
+class _WithChildren:
+    """The worker's own RSS plus that of its descendant processes, the latter read at most
+    every ``REFRESH`` seconds (finding descendants scans every process of the machine; the
+    memory manager reads this every 100 ms)."""
+
+    counts_children = True
+    REFRESH = 0.5
+
+    def __init__(self, proc: Any, own: Callable[[], int]) -> None:
+        self.proc = proc
+        self.own = own
+        self._children = 0
+        self._read_at = -float("inf")
+
+    def __call__(self) -> int:
+        now = time.monotonic()
+        if now - self._read_at >= self.REFRESH:
+            self._children = _descendants_rss(self.proc)
+            self._read_at = now
+        return int(self.own()) + self._children
+
+
+def _descendants_rss(proc: Any) -> int:
+    import psutil  # distributed's own dependency
+    total = 0
+    try:
+        children = proc.children(recursive=True)
+    except psutil.Error:
+        return 0
+    for child in children:
+        try:
+            total += child.memory_info().rss
+        except psutil.Error:  # gone meanwhile
+            pass
+    return total
+
+
+# --- preload ------------------------------------------------------------------------------
+
+def _setup(worker: Any, pool_executor: str, pool_max_workers: int | None,
+           pool_start_method: str | None, pool_task_timeout: float | None,
+           pool_max_memory_per_child: int | None, pool_max_tasks_per_child: int | None) -> Any:
+    from distributed import Worker
+    if not isinstance(worker, Worker):
+        raise click.UsageError(f"pool.dask is a worker preload, not one for a "
+                               f"{type(worker).__name__} (use --preload on dask worker)")
+    plugin = ProcessPoolPlugin(pool_executor, max_workers=pool_max_workers,
+                               start_method=pool_start_method, task_timeout=pool_task_timeout,
+                               max_memory_per_child=pool_max_memory_per_child,
+                               max_tasks_per_child=pool_max_tasks_per_child)
+    # Awaited by distributed's preload; a setup that fails stops the worker's start.
+    return worker.plugin_add(plugin, catch_errors=False)
+
+
+# ``dask worker SCHEDULER --preload pool.dask [--pool-max-workers=N ...]``: the same as
+# registering ProcessPoolPlugin with these options, on this worker only. A click command
+# because that is how distributed hands a preload its own options (the words after
+# ``--preload MODULE`` on dask worker's command line, or LocalCluster's ``preload_argv``).
+dask_setup = click.Command("pool.dask", callback=_setup, params=[
+    click.Option(["--pool-executor"], default="default",
+                 help="the executor's name: 'default' runs every task in the pool; another "
+                      "name, only tasks annotated dask.annotate(executor=NAME)"),
+    click.Option(["--pool-max-workers"], type=click.IntRange(min=1), default=None,
+                 help="processes in the pool [default: the worker's nthreads]"),
+    click.Option(["--pool-start-method"],
+                 type=click.Choice(multiprocessing.get_all_start_methods()), default=None,
+                 help="[default: forkserver where there is one, else spawn]"),
+    click.Option(["--pool-task-timeout"], type=click.FloatRange(min=0, min_open=True),
+                 default=None, help="seconds a task may run (no limit by default)"),
+    click.Option(["--pool-max-memory-per-child"], type=click.IntRange(min=1), default=None,
+                 help="bytes: a process above it after a task is replaced"),
+    click.Option(["--pool-max-tasks-per-child"], type=click.IntRange(min=1), default=None,
+                 help="replace a process after this many tasks"),
+])
