@@ -120,6 +120,8 @@ class ProcessPoolPlugin(WorkerPlugin):  # type: ignore[misc]  # (distributed is 
         _allow_children()
         context = (default_context() if self.start_method is None
                    else multiprocessing.get_context(self.start_method))
+        if context.get_start_method() == "forkserver":
+            _preload_in_forkserver(context)
         options = dict(self.options)
         if options["max_workers"] is None:
             options["max_workers"] = worker.state.nthreads
@@ -159,6 +161,23 @@ def _allow_children() -> None:
     process = multiprocessing.current_process()
     if process.daemon:
         process.daemon = False
+
+
+def _preload_in_forkserver(context: Any) -> None:
+    """Have the forkserver import what every task of a dask worker imports, so that each of
+    the pool's processes starts with it: one that must import distributed itself takes
+    ~0.4 s to start, the time a death costs before its slot runs again (measured: a death
+    to the next result 0.40 s without, 0.01 s with). Only before the forkserver starts (it
+    reads the list once), adding to the modules already asked for, never replacing them."""
+    from multiprocessing import forkserver
+    server = forkserver._forkserver
+    if getattr(server, "_forkserver_pid", None) is not None:
+        return  # already running: it keeps what it has
+    modules = list(getattr(server, "_preload_modules", ["__main__"]))
+    for name in ("distributed.worker", "pool._worker"):
+        if name not in modules:
+            modules.append(name)
+    context.set_forkserver_preload(modules)
 
 
 # --- memory -------------------------------------------------------------------------------
