@@ -43,7 +43,7 @@ _CLOSING = frozenset({Status.closing, Status.closing_gracefully, Status.closed,
                       Status.failed})
 
 
-class ProcessPoolPlugin(WorkerPlugin):  # type: ignore[misc]  # (distributed is untyped)
+class ProcessPoolPlugin(WorkerPlugin):
     """Run a dask worker's tasks in a ``pool.ProcessPool`` instead of its threads.
 
     ``client.register_plugin(ProcessPoolPlugin())`` gives every worker of the cluster
@@ -186,21 +186,23 @@ def _count_children_memory(worker: Worker) -> None:
     """Make the worker's memory reading include its descendants' resident memory.
 
     ``SystemMonitor.get_process_memory`` is what the worker's memory manager (spill, pause)
-    and its reports to the scheduler read; distributed made it a method of its own so that
-    it can be replaced. Installed once per worker, whatever the number of pools: it counts
-    every descendant, so two pools are not counted twice.
+    and its reports to the scheduler read: a one-line method of its own (distributed's
+    tests replace it), replaced here on this worker's monitor only. Installed once per
+    worker, whatever the number of pools: it counts every descendant, so two pools are not
+    counted twice.
     """
     monitor = worker.monitor
-    if getattr(monitor.get_process_memory, "counts_children", False):
+    if isinstance(monitor.get_process_memory, _WithChildren):
         return
-    reading = _WithChildren(monitor.proc, monitor.get_process_memory)
-    monitor.get_process_memory = reading
+    # (Replacing the bound method with a callable of our own is the point.)
+    monitor.get_process_memory = _WithChildren(  # type: ignore[method-assign]
+        monitor.proc, monitor.get_process_memory)
 
 
 def _stop_counting_children_memory(worker: Worker) -> None:
-    reading = worker.monitor.get_process_memory
-    if getattr(reading, "counts_children", False):
-        worker.monitor.get_process_memory = reading.own
+    reading: Any = worker.monitor.get_process_memory
+    if isinstance(reading, _WithChildren):
+        worker.monitor.get_process_memory = reading.own  # type: ignore[method-assign]
 
 
 class _WithChildren:
@@ -208,7 +210,6 @@ class _WithChildren:
     every ``REFRESH`` seconds (finding descendants scans every process of the machine; the
     memory manager reads this every 100 ms)."""
 
-    counts_children = True
     REFRESH = 0.5
 
     def __init__(self, proc: Any, own: Callable[[], int]) -> None:

@@ -90,6 +90,17 @@ def shared_use() -> None:
         assert_type(conflict.differing, dict[str, tuple[str, str]])
 
 
+def dask_use() -> None:
+    from distributed import WorkerPlugin
+    from pool.dask import ProcessPoolPlugin
+    plugin = ProcessPoolPlugin("processes", max_workers=2, task_timeout=60.0,
+                               start_method="spawn", initializer=print, initargs=("x",))
+    assert_type(plugin.name, str)
+    base: WorkerPlugin = plugin
+    ProcessPoolPlugin(max_workers="2")  # type: ignore[arg-type]
+    ProcessPoolPlugin(timeout=3)  # type: ignore[call-arg]
+
+
 class Bar:
     """What tqdm offers, as far as progress= needs it."""
 
