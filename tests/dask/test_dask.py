@@ -391,3 +391,28 @@ def test_the_forkserver_preloads_distributed_so_a_replaced_process_starts_fast(t
         report(preloaded=list(preloaded.values())[0])
     """, tmp_path)
     assert facts["preloaded"] == ["__main__", "distributed.worker", "pool._worker"]
+
+
+def test_without_the_plugin_a_pool_in_a_nanny_worker_says_what_to_do(tmp_path):
+    """The restriction the plugin lifts: a nanny's worker is daemonic, and a ProcessPool
+    made there by hand fails at once, naming the plugin; with the plugin the flag is off
+    in the dask worker process (not in the pool's own processes)."""
+    facts = run("""
+    def make_pool():
+        try:
+            pool.ProcessPool(1)
+            return "made"
+        except RuntimeError as exc:
+            return str(exc)
+    def daemonic():
+        import multiprocessing
+        return multiprocessing.current_process().daemon
+    with cluster() as c, Client(c) as client:
+        refused = list(client.run(make_pool).values())[0]
+        before = list(client.run(daemonic).values())[0]
+        client.register_plugin(ProcessPoolPlugin())
+        after = list(client.run(daemonic).values())[0]
+        report(refused=refused, before=before, after=after)
+    """, tmp_path)
+    assert "daemonic" in facts["refused"] and "pool.dask.ProcessPoolPlugin" in facts["refused"]
+    assert facts["before"] is True and facts["after"] is False
