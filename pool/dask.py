@@ -11,9 +11,13 @@ Guarantees:
   that task, with :class:`pool.WorkerDied` on the client's future; the dask worker, its
   other tasks and its data live on (dask's default executor runs tasks in threads of the
   dask worker, which such a task takes down whole);
-- the pool's processes end with the dask worker, however it ends: closed, restarted by its
-  nanny, SIGKILLed (each pool worker has a lifeline to its parent);
-- removing the plugin puts back the executor it replaced, after the pool's tasks finish.
+- a task's ``sys.exit()`` fails that task too (distributed lets ``SystemExit`` end the
+  process it is raised in; in a pool process that is not the dask worker);
+- the pool's processes end with the dask worker, however it ends: closed (what still runs
+  is terminated: dask has given those tasks up), restarted by its nanny, SIGKILLed (each
+  pool process has a lifeline to its parent);
+- removing the plugin puts back the executor it replaced at once; what its pool runs
+  finishes, then the pool's processes end (at once if the worker begins to close).
 Assumes: distributed's ``Worker`` runs a task of a non-thread executor as
 ``loop.run_in_executor(executor, _run_task_simple, ...)`` and shuts its executors down on
 close (true of distributed 2023 onwards). Importing ``pool`` never imports this module.
@@ -24,18 +28,22 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Generic, ParamSpec, TypeVar
 
 import click
 from distributed import WorkerPlugin
 from distributed.core import Status
 
 from ._executor import ProcessPool, default_context
+from ._futures import PoolFuture
 
 if TYPE_CHECKING:
     from distributed import Worker
 
 __all__ = ["ProcessPoolPlugin", "dask_setup"]
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 # A worker in these states is going away: the scheduler has already taken its tasks back,
 # so what still runs in its pool is stopped rather than waited for.
@@ -98,12 +106,12 @@ class ProcessPoolPlugin(WorkerPlugin):
         # Bad options fail here, at the call, not in every dask worker's log: a pool made
         # with them and closed at once checks them all (it starts no process or thread).
         # (Not in a daemonic process, where no pool can be made: a preload in a dask worker
-        # under its nanny, whose setup follows at once and fails just as loudly.)
+        # under its nanny, whose setup follows at once and raises the same error.)
         if not multiprocessing.current_process().daemon:
             ProcessPool(**self.options).shutdown()
         # Per dask worker (several can share one process, e.g. LocalCluster(processes=False)):
         # the pool installed there and the executor it replaced, if any.
-        self._installed: dict[int, tuple[ProcessPool, Any]] = {}
+        self._installed: dict[int, tuple[_DaskWorkerPool, Any]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -125,7 +133,7 @@ class ProcessPoolPlugin(WorkerPlugin):
         options = dict(self.options)
         if options["max_workers"] is None:
             options["max_workers"] = worker.state.nthreads
-        executor = ProcessPool(mp_context=context, **options)
+        executor = _DaskWorkerPool(mp_context=context, **options)
         self._installed[id(worker)] = (executor, worker.executors.get(self.executor))
         worker.executors[self.executor] = executor
         if self.count_children_memory:
@@ -144,15 +152,73 @@ class ProcessPoolPlugin(WorkerPlugin):
                 worker.executors[self.executor] = replaced
         if not any(isinstance(e, ProcessPool) for e in worker.executors.values()):
             _stop_counting_children_memory(worker)
-        # A closing worker's running tasks are no longer awaited (dask cancelled them and
-        # will run them elsewhere): end them now. Otherwise (the plugin alone is removed)
-        # they finish first.
-        end: Callable[[], None] = (executor.terminate_workers if worker.status in _CLOSING
-                                   else executor.shutdown)
+        if worker.status in _CLOSING:
+            # Dask has given up the tasks still running (it cancelled their awaits and runs
+            # them elsewhere): end them now rather than hold up the close.
+            await _in_thread(executor.terminate_workers)
+        else:
+            # Removed or replaced while the worker goes on: what the pool runs finishes,
+            # then its processes end, without holding up the removal (or the replacement's
+            # setup). It stays among the worker's executors under a name no task uses, so
+            # that if the worker closes meanwhile, its close (which shuts every executor
+            # down) ends the pool with the rest, terminating what still runs.
+            executor.shutdown(wait=False)
+            executor.terminate_at_shutdown = True
+            worker.executors[f"{self.executor} (removed pool {id(executor):x})"] = executor
+
+
+class _DaskWorkerPool(ProcessPool):
+    """The pool of a dask worker: a ``ProcessPool`` whose tasks cannot end the dask worker.
+
+    A task that raises ``SystemExit`` (``sys.exit()``) or ``KeyboardInterrupt`` runs in a
+    pool process, but distributed re-raises both on purpose, to shut down the process they
+    come from, and the pool brings the exception back to the dask worker, whose event loop
+    would then end the whole worker. Here such a task fails like any other, with a
+    ``RuntimeError`` chained to the original.
+    """
+
+    # Set once its plugin is removed: the worker's close then ends the pool at once.
+    terminate_at_shutdown = False
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+               ) -> PoolFuture[T]:
+        return super().submit(_ExitContained(fn), *args, **kwargs)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        if self.terminate_at_shutdown:
+            self.terminate_workers(wait=wait)
+        else:
+            super().shutdown(wait, cancel_futures=cancel_futures)
+
+
+class _ExitContained(Generic[P, T]):
+    """``fn``, with ``SystemExit`` and ``KeyboardInterrupt`` turned into ``RuntimeError``.
+    Named as ``fn`` is, so that pool's messages name the task's own function."""
+
+    def __init__(self, fn: Callable[P, T]) -> None:
+        self.fn = fn
+        self.__qualname__ = getattr(fn, "__qualname__", type(fn).__qualname__)
+        self.__module__ = getattr(fn, "__module__", None) or ""
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> T:
         try:
-            await asyncio.to_thread(end)
-        except RuntimeError:  # no new thread during interpreter exit: end it here (bounded)
-            executor.terminate_workers()
+            return self.fn(*args, **kwargs)
+        except (SystemExit, KeyboardInterrupt) as exc:
+            raise RuntimeError(f"the task raised {type(exc).__name__}{exc.args!r}: in "
+                               f"pool.dask that fails the task, not the dask worker") from exc
+
+
+async def _in_thread(end: Callable[[], None]) -> None:
+    """Run a pool's blocking wait for its workers in a thread, off the event loop; in this
+    thread only where none can be started (interpreter exit: the wait is bounded by the
+    pool's grace periods)."""
+    loop = asyncio.get_running_loop()
+    try:
+        waiting = loop.run_in_executor(None, end)
+    except RuntimeError:
+        end()
+        return
+    await waiting
 
 
 def _allow_children() -> None:
@@ -206,9 +272,17 @@ def _stop_counting_children_memory(worker: Worker) -> None:
 
 
 class _WithChildren:
-    """The worker's own RSS plus that of its descendant processes, the latter read at most
-    every ``REFRESH`` seconds (finding descendants scans every process of the machine; the
-    memory manager reads this every 100 ms)."""
+    """The worker's own RSS plus its descendant processes' proportional share (PSS), the
+    latter read at most every ``REFRESH`` seconds (finding descendants scans every process
+    of the machine, ~1.4 ms for 75; each one's PSS costs ~0.2 ms; the memory manager reads
+    this every 100 ms).
+
+    PSS, not RSS: forked processes share the pages of the forkserver they come from
+    (distributed itself, some 45 MB, is preloaded there); RSS would count those pages once
+    per process, PSS divides them among the sharers, so the sum is the memory they really
+    hold. (Several in-process workers, ``LocalCluster(processes=False)``, each count them
+    all, as each counts the process's own RSS.)
+    """
 
     REFRESH = 0.5
 
@@ -221,12 +295,12 @@ class _WithChildren:
     def __call__(self) -> int:
         now = time.monotonic()
         if now - self._read_at >= self.REFRESH:
-            self._children = _descendants_rss(self.proc)
+            self._children = _descendants_memory(self.proc)
             self._read_at = now
         return int(self.own()) + self._children
 
 
-def _descendants_rss(proc: Any) -> int:
+def _descendants_memory(proc: Any) -> int:
     import psutil  # distributed's own dependency
     total = 0
     try:
@@ -235,26 +309,42 @@ def _descendants_rss(proc: Any) -> int:
         return 0
     for child in children:
         try:
-            total += child.memory_info().rss
+            info = child.memory_full_info()
+        except psutil.AccessDenied:  # (not ours to read in full: fall back to its RSS)
+            try:
+                total += child.memory_info().rss
+            except psutil.Error:
+                pass
         except psutil.Error:  # gone meanwhile
             pass
+        else:
+            total += getattr(info, "pss", info.rss)  # (PSS is Linux's; elsewhere RSS)
     return total
 
 
 # --- preload ------------------------------------------------------------------------------
 
-def _setup(worker: Any, pool_executor: str, pool_max_workers: int | None,
-           pool_start_method: str | None, pool_task_timeout: float | None,
-           pool_max_memory_per_child: int | None, pool_max_tasks_per_child: int | None) -> Any:
+# The preload's options, each also read from dask's configuration (key ``pool.NAME``,
+# e.g. ``DASK_POOL__TASK_TIMEOUT=600`` in the environment) when not on the command line:
+# the way in that does not depend on how the worker is launched.
+_PRELOAD_OPTIONS = ("executor", "max-workers", "start-method", "task-timeout",
+                    "max-memory-per-child", "max-tasks-per-child")
+
+
+def _setup(worker: Any, **given: Any) -> Any:
+    import dask
     from distributed import Worker
     if not isinstance(worker, Worker):
         raise click.UsageError(f"pool.dask is a worker preload, not one for a "
                                f"{type(worker).__name__} (use --preload on dask worker)")
-    plugin = ProcessPoolPlugin(pool_executor, max_workers=pool_max_workers,
-                               start_method=pool_start_method, task_timeout=pool_task_timeout,
-                               max_memory_per_child=pool_max_memory_per_child,
-                               max_tasks_per_child=pool_max_tasks_per_child)
-    # Awaited by distributed's preload; a setup that fails stops the worker's start.
+    options = {}
+    for name in _PRELOAD_OPTIONS:
+        value = given[f"pool_{name.replace('-', '_')}"]
+        options[name.replace("-", "_")] = (dask.config.get(f"pool.{name}", None)
+                                           if value is None else value)
+    plugin = ProcessPoolPlugin(options.pop("executor") or "default", **options)
+    # Awaited by distributed's preload. If it fails, distributed logs the error and the
+    # worker starts anyway, running its tasks in threads (README says so).
     return worker.plugin_add(plugin, catch_errors=False)
 
 
@@ -263,9 +353,9 @@ def _setup(worker: Any, pool_executor: str, pool_max_workers: int | None,
 # because that is how distributed hands a preload its own options (the words after
 # ``--preload MODULE`` on dask worker's command line, or LocalCluster's ``preload_argv``).
 dask_setup = click.Command("pool.dask", callback=_setup, params=[
-    click.Option(["--pool-executor"], default="default",
-                 help="the executor's name: 'default' runs every task in the pool; another "
-                      "name, only tasks annotated dask.annotate(executor=NAME)"),
+    click.Option(["--pool-executor"], default=None,
+                 help="the executor's name: 'default' (the default) runs every task in the "
+                      "pool; another name, only tasks annotated dask.annotate(executor=NAME)"),
     click.Option(["--pool-max-workers"], type=click.IntRange(min=1), default=None,
                  help="processes in the pool [default: the worker's nthreads]"),
     click.Option(["--pool-start-method"],

@@ -41,6 +41,14 @@ def bystander(i, until="fault-done"):
     return ("bystander", i, os.getpid())
 
 
+def together(i, n):
+    """Runs until ``n`` of these run at once (so that ``n`` pool processes exist)."""
+    (HERE / f"together-{i}").write_text(str(os.getpid()))
+    for j in range(n):
+        wait_for(HERE / f"together-{j}")
+    return os.getpid()
+
+
 def fault(kind):
     """Waits until the bystanders run, then fails as ``kind`` says."""
     wait_for(HERE / "bystander-0")

@@ -63,7 +63,7 @@ def run(body: str, tmp_path: Path, method: str = "forkserver", *, timeout: float
 
 
 FAULT_SCENARIO = """
-options = {"task_timeout": 4} if KIND == "timeout" else {}
+options = {"task_timeout": 10} if KIND == "timeout" else {}
 with cluster() as c, Client(c) as client:
     client.register_plugin(ProcessPoolPlugin(start_method=START_METHOD, **options))
     worker_pid = list(client.run(os.getpid).values())[0]
@@ -88,7 +88,7 @@ EXPECTED_FAULT = {
     "segfault": ("WorkerDied", r"died \(signal SIGSEGV \(11\)\) while running task \d+: .*fault"),
     "exit": ("WorkerDied", r"died \(exit code 3\) while running task \d+: .*fault"),
     "sigkill": ("WorkerDied", r"died \(signal SIGKILL \(9\)\) while running task \d+: .*fault"),
-    "timeout": ("TaskTimeout", r"ran longer than its timeout of 4 s and was stopped"),
+    "timeout": ("TaskTimeout", r"ran longer than its timeout of 10 s and was stopped"),
 }
 
 
@@ -165,7 +165,7 @@ def test_a_named_executor_runs_only_the_tasks_annotated_with_it(tmp_path):
     assert facts["in_threads"] == facts["worker_pid"]
     assert facts["in_pool"] != facts["worker_pid"]
     assert facts["died"]["type"] == "WorkerDied" and "exit code 5" in facts["died"]["message"]
-    assert facts["executors"]["processes"] == "ProcessPool"
+    assert facts["executors"]["processes"] == "_DaskWorkerPool"  # (a ProcessPool)
     assert facts["executors"]["default"] == "ThreadPoolExecutor"
 
 
@@ -188,12 +188,12 @@ def test_the_preload_installs_the_pool_with_its_options(tmp_path):
 
 def test_the_pool_is_sized_to_the_dask_workers_threads(tmp_path):
     facts = run("""
-    with cluster(threads_per_worker=2) as c, Client(c) as client:
+    with cluster(threads_per_worker=3) as c, Client(c) as client:
         client.register_plugin(ProcessPoolPlugin())
         sizes = client.run(lambda dask_worker: dask_worker.executors["default"]._max_workers)
-        report(max_workers=list(sizes.values())[0])
+        report(max_workers=list(sizes.values())[0], cpus=os.cpu_count())
     """, tmp_path)
-    assert facts["max_workers"] == 2
+    assert facts["max_workers"] == 3 != facts["cpus"]  # (not the pool's own default)
 
 
 def test_the_pool_ends_with_a_dask_worker_its_nanny_restarts(tmp_path):
@@ -212,7 +212,10 @@ def test_the_pool_ends_with_a_dask_worker_its_nanny_restarts(tmp_path):
         old_pool_alive = psutil.pid_exists(old_pool) and psutil.Process(old_pool).status() != "zombie"
         client.wait_for_workers(1, timeout=60)
         while True:  # the restarted worker, once the scheduler has it
-            pids = list(client.run(os.getpid).values())
+            try:
+                pids = list(client.run(os.getpid).values())
+            except Exception:  # (the scheduler may still list the dead one)
+                pids = []
             if pids and pids[0] != old_worker:
                 break
             time.sleep(0.05)
@@ -225,7 +228,8 @@ def test_the_pool_ends_with_a_dask_worker_its_nanny_restarts(tmp_path):
     assert facts["new_pool"] not in (facts["new_worker"], facts["old_pool"])
 
 
-def test_removing_the_plugin_lets_running_tasks_finish_and_puts_threads_back(tmp_path):
+def test_removing_the_plugin_puts_threads_back_at_once_and_lets_running_tasks_finish(
+        tmp_path):
     facts = run("""
     with cluster() as c, Client(c) as client:
         client.register_plugin(ProcessPoolPlugin())
@@ -233,31 +237,91 @@ def test_removing_the_plugin_lets_running_tasks_finish_and_puts_threads_back(tmp
         running = client.submit(bystander, 0, pure=False)
         wait_for(HERE / "bystander-0")
         pool_pid = int((HERE / "bystander-0").read_text())
-        import threading
-        remover = threading.Thread(target=client.unregister_worker_plugin,
-                                   args=("pool-executor-default",))
-        remover.start()
-        while client.run(lambda dask_worker: type(dask_worker.executors["default"]).__name__
-                         ).popitem()[1] != "ThreadPoolExecutor":
-            time.sleep(0.01)  # (the removal has begun: new tasks go to threads)
-        during = client.submit(where, pure=False).result()
-        waited = remover.is_alive()  # it waits for the task, which waits for the file
+        client.unregister_worker_plugin("pool-executor-default")  # returns at once
+        during = client.submit(where, pure=False).result()  # in threads again
+        still_running = not running.done() and psutil.pid_exists(pool_pid)
         (HERE / "fault-done").write_text("")
-        remover.join(60)
         result = running.result()
-        after = client.submit(where, pure=False).result()
-        report(worker_pid=worker_pid, pool_pid=pool_pid, result=result, after=after,
-               during=during, waited=waited,
+        deadline = time.monotonic() + 30
+        while psutil.pid_exists(pool_pid) and time.monotonic() < deadline:
+            if psutil.Process(pool_pid).status() == "zombie":
+                break
+            time.sleep(0.01)
+        report(worker_pid=worker_pid, result=result, during=during,
+               still_running=still_running,
                pool_gone=not psutil.pid_exists(pool_pid) or
                          psutil.Process(pool_pid).status() == "zombie")
     """, tmp_path)
+    assert facts["during"] == facts["worker_pid"]
+    assert facts["still_running"]  # the removal did not wait for it, nor end it
     assert facts["result"][:2] == ["bystander", 0]
-    assert facts["during"] == facts["after"] == facts["worker_pid"]  # threads again
-    assert facts["waited"]
+    assert facts["pool_gone"]  # once its task was done, the removed pool ended
+
+
+def test_a_worker_closing_while_a_removed_pool_still_runs_ends_that_pool(tmp_path):
+    facts = run("""
+    with cluster() as c, Client(c) as client:
+        client.register_plugin(ProcessPoolPlugin())
+        running = client.submit(bystander, 0, "never", pure=False)
+        wait_for(HERE / "bystander-0")
+        pool_pid = int((HERE / "bystander-0").read_text())
+        client.unregister_worker_plugin("pool-executor-default")
+        client.close()
+        c.close()
+        report(pool_gone=not psutil.pid_exists(pool_pid) or
+                         psutil.Process(pool_pid).status() == "zombie")
+    """, tmp_path, timeout=60)
     assert facts["pool_gone"]
+    # The worker closed by itself, not by its nanny's kill after a timeout.
+    assert "still alive after" not in facts["stderr"], facts["stderr"][-4000:]
+
+
+def test_registering_again_replaces_the_pool_without_waiting_for_its_tasks(tmp_path):
+    facts = run("""
+    with cluster() as c, Client(c) as client:
+        client.register_plugin(ProcessPoolPlugin(max_workers=1))
+        running = client.submit(bystander, 0, pure=False)
+        wait_for(HERE / "bystander-0")
+        client.register_plugin(ProcessPoolPlugin(max_workers=2, task_timeout=30))
+        options = client.run(lambda dask_worker: (dask_worker.executors["default"]._max_workers,
+                                                  dask_worker.executors["default"]._task_timeout))
+        new_pool = client.submit(where, pure=False).result()
+        old_done = running.done()
+        (HERE / "fault-done").write_text("")
+        report(options=list(options.values())[0], new_pool=new_pool, old_done=old_done,
+               old_pool=int((HERE / "bystander-0").read_text()), result=running.result())
+    """, tmp_path)
+    assert facts["options"] == [2, 30.0]
+    assert facts["new_pool"] != facts["old_pool"] and not facts["old_done"]
+    assert facts["result"][:2] == ["bystander", 0]
+
+
+def test_sys_exit_in_a_task_fails_the_task_not_the_dask_worker(tmp_path):
+    """distributed lets SystemExit end the process it is raised in, so with threads a
+    task's sys.exit() ends the dask worker; in a pool process it fails the task."""
+    facts = run("""
+    def interrupted():
+        raise KeyboardInterrupt
+    with cluster() as c, Client(c) as client:
+        client.register_plugin(ProcessPoolPlugin())
+        worker_pid = list(client.run(os.getpid).values())[0]
+        exited = error_of(client.submit(sys.exit, 4, pure=False))
+        interrupt = error_of(client.submit(interrupted, pure=False))
+        report(worker_pid=worker_pid, exited=exited, interrupt=interrupt,
+               worker_pid_after=list(client.run(os.getpid).values())[0],
+               later=client.submit(where, pure=False).result())
+    """, tmp_path)
+    assert facts["exited"]["type"] == "RuntimeError", facts
+    assert "SystemExit(4,)" in facts["exited"]["message"]
+    assert facts["interrupt"]["type"] == "RuntimeError"
+    assert "KeyboardInterrupt" in facts["interrupt"]["message"]
+    assert facts["worker_pid_after"] == facts["worker_pid"] != facts["later"]
 
 
 def test_the_worker_reports_its_childrens_memory(tmp_path):
+    """A task holding 300 MiB shows in the dask worker's memory reading (which its spill
+    and pause thresholds act on); idle pool processes count their proportional share
+    (PSS), not the pages they share with the forkserver once each (RSS)."""
     facts = run("""
     def hold(n):
         block = bytearray(n)
@@ -265,53 +329,83 @@ def test_the_worker_reports_its_childrens_memory(tmp_path):
         (HERE / "holding").write_text("")
         wait_for(HERE / "release")
         return len(block)
+    def reading(dask_worker):
+        own = dask_worker.monitor.proc.memory_info().rss
+        children = dask_worker.monitor.proc.children(recursive=True)
+        return (dask_worker.monitor.get_process_memory() - own,
+                sum(child.memory_info().rss for child in children))
+    def measure():
+        return list(client.run(reading).values())[0]
     with cluster(memory_limit="8GiB") as c, Client(c) as client:
         client.register_plugin(ProcessPoolPlugin())
-        own = client.run(lambda dask_worker: dask_worker.monitor.proc.memory_info().rss)
+        client.gather([client.submit(together, i, 3, pure=False) for i in range(3)])
+        time.sleep(0.6)  # (the children's share is read at most every 0.5 s)
+        idle_counted, idle_rss = measure()
         held = client.submit(hold, 300 * 2**20, pure=False)
         wait_for(HERE / "holding")
-        time.sleep(0.6)  # (the children's share is read at most every 0.5 s)
-        reported = client.run(lambda dask_worker: dask_worker.monitor.get_process_memory())
+        deadline = time.monotonic() + 30
+        while measure()[0] - idle_counted < 280 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        holding_counted = measure()[0]
         (HERE / "release").write_text("")
         held.result()
-        report(own=list(own.values())[0], reported=list(reported.values())[0])
+        report(idle_counted=idle_counted, idle_rss=idle_rss, holding_counted=holding_counted)
     """, tmp_path)
-    assert facts["reported"] - facts["own"] > 280 * 2**20, facts
+    assert facts["holding_counted"] - facts["idle_counted"] > 280 * 2**20, facts
+    assert 0 < facts["idle_counted"] < 0.8 * facts["idle_rss"], facts
 
 
-def test_a_dask_worker_command_with_the_preload(tmp_path):
-    """What a user types: ``dask scheduler`` and ``dask worker --preload pool.dask``."""
+def test_dask_worker_commands_with_the_preload(tmp_path):
+    """What a user types: ``dask scheduler``, then ``dask worker --preload pool.dask`` with
+    options on its command line, and one with them in dask's configuration (the way that
+    works with ``--scheduler-file``, where dask worker takes the first unknown option for
+    the scheduler's address)."""
     facts = run("""
     import subprocess
     dask_cmd = [os.path.join(os.path.dirname(sys.executable), "dask")]
     scheduler_file = str(HERE / "scheduler.json")
-    scheduler = subprocess.Popen(dask_cmd + ["scheduler", "--scheduler-file", scheduler_file,
-                                             "--host", "127.0.0.1", "--port", "0",
-                                             "--no-dashboard"])
-    # (The preload's options take the --name=value form: dask worker hands them on.)
-    worker = subprocess.Popen(dask_cmd + ["worker", "--scheduler-file", scheduler_file,
-                                          "--host", "127.0.0.1", "--nthreads", "2",
-                                          "--no-dashboard", "--preload", "pool.dask",
-                                          "--pool-task-timeout=30", "--pool-max-workers=1"])
+    processes = [subprocess.Popen(dask_cmd + ["scheduler", "--scheduler-file", scheduler_file,
+                                              "--host", "127.0.0.1", "--port", "0",
+                                              "--no-dashboard"])]
     try:
         wait_for(scheduler_file, 60)
+        address = json.loads(Path(scheduler_file).read_text())["address"]
+        worker = ["worker", "--host", "127.0.0.1", "--nthreads", "2", "--no-dashboard",
+                  "--preload", "pool.dask"]
+        # (The preload's options take the --name=value form: dask worker hands them on.)
+        processes.append(subprocess.Popen(dask_cmd + worker[:1] + [address] + worker[1:] + [
+            "--name", "argv", "--pool-task-timeout=30", "--pool-max-workers=1"]))
+        processes.append(subprocess.Popen(
+            dask_cmd + worker + ["--name", "config", "--scheduler-file", scheduler_file],
+            env=dict(os.environ, DASK_POOL__TASK_TIMEOUT="20", DASK_POOL__MAX_WORKERS="3")))
         with Client(scheduler_file=scheduler_file, timeout=60) as client:
-            client.wait_for_workers(1, timeout=60)
-            worker_pid = list(client.run(os.getpid).values())[0]
-            died = error_of(client.submit(os._exit, 7, pure=False))
-            after = client.submit(where, pure=False).result()
-            sizes = client.run(lambda dask_worker: dask_worker.executors["default"]._max_workers)
-            report(worker_pid=worker_pid, after=after, died=died,
-                   max_workers=list(sizes.values())[0],
-                   worker_pid_after=list(client.run(os.getpid).values())[0])
+            client.wait_for_workers(2, timeout=60)
+            def facts(dask_worker):
+                pool = dask_worker.executors["default"]
+                return dask_worker.name, os.getpid(), pool._max_workers, pool._task_timeout
+            before = sorted(client.run(facts).values())
+            died = {}
+            for name, *_ in before:
+                died[name] = error_of(client.submit(os._exit, 7, workers=[name],
+                                                    pure=False))
+            later = {name: client.submit(where, workers=[name], pure=False).result()
+                     for name, *_ in before}
+            report(before=before, after=sorted(client.run(facts).values()), died=died,
+                   later=later)
     finally:
-        worker.terminate(); worker.wait(60)
-        scheduler.terminate(); scheduler.wait(60)
+        for process in processes[::-1]:
+            process.terminate()
+            process.wait(60)
     """, tmp_path)
-    assert facts["died"]["type"] == "WorkerDied" and "exit code 7" in facts["died"]["message"]
-    assert facts["after"] != facts["worker_pid"]
-    assert facts["worker_pid_after"] == facts["worker_pid"]
-    assert facts["max_workers"] == 1
+    (argv_name, argv_pid, argv_size, argv_timeout), (config_name, config_pid, config_size,
+                                                     config_timeout) = facts["before"]
+    assert (argv_name, argv_size, argv_timeout) == ("argv", 1, 30.0)
+    assert (config_name, config_size, config_timeout) == ("config", 3, 20.0)
+    assert facts["after"] == facts["before"]  # the same dask worker processes
+    for name, pid in (("argv", argv_pid), ("config", config_pid)):
+        assert facts["died"][name]["type"] == "WorkerDied", facts
+        assert "exit code 7" in facts["died"][name]["message"]
+        assert facts["later"][name] != pid
 
 
 def test_importing_pool_does_not_import_dask():
@@ -360,6 +454,8 @@ def test_closing_the_cluster_mid_task_ends_the_task_and_every_process(tmp_path):
     """, tmp_path, timeout=60)
     assert facts["pool_gone"], facts
     assert facts["close_seconds"] < 30, facts  # (a hang check: the task would run 60 s)
+    # The worker closed by itself, not by its nanny's kill after a timeout.
+    assert "still alive after" not in facts["stderr"], facts["stderr"][-4000:]
 
 
 def test_the_plugin_checks_its_options_where_it_is_made():
