@@ -75,8 +75,12 @@ class ProcessPoolPlugin(WorkerPlugin):
 
     With ``count_children_memory`` (the default), the memory the dask worker reports and
     acts on (spilling at 70%, pausing at 80% of its ``memory_limit``) includes its child
-    processes'. The nanny's restart at 95% still sees the worker process only; bound each
-    pool process with ``max_memory_per_child``.
+    processes' proportional share (PSS). The nanny's restart at 95% still sees the worker
+    process only; bound each pool process with ``max_memory_per_child``.
+
+    Removing the plugin, or registering another for the same executor name, takes effect
+    at once for new tasks; the old pool finishes what it runs, then ends its processes
+    (terminated at once if the dask worker closes meanwhile).
     """
 
     idempotent = False
