@@ -13,7 +13,7 @@ from typing import Any, Union
 
 from ._errors import TaskInfo
 from ._futures import Latch, PoolFuture
-from ._wire import Buffers
+from ._frames import Buffers
 
 
 @dataclass(eq=False, slots=True)

@@ -63,7 +63,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import wait
 from typing import Any, Callable, Iterator
 
-from . import _exit, _state, _teardown, _wire
+from . import _exit, _frames, _pickling, _pipes, _state, _teardown
 from ._commands import Command, Shutdown, StopTask, Submit, Sync, TaskRecord, Terminate
 from ._errors import (PoolInternalError, TaskInfo, WorkerDied, WorkerProtocolError,
                       describe_exit)
@@ -73,7 +73,7 @@ from ._outcomes import StartFailures, failure, format_error, fresh, resolve
 from ._state import StateMachine
 from ._stats import Counters, Outcome, PoolStats, WorkerStats
 from ._wakeup import Wakeup
-from ._wire import Frame, Kind
+from ._frames import Frame, Kind
 from ._worker import Initializer
 from ._worker_handle import Exit, WorkerHandle
 
@@ -90,7 +90,7 @@ PIPELINE_DEPTH = 8
 # Frames this small can wait in a worker's pipe behind a running task: one packet each, so
 # the most that can wait (PIPELINE_DEPTH - 1 packets) fits in the pipe and writing them
 # never blocks the dispatcher.
-PIPELINE_MAX_BYTES = _wire.PACKET_BODY
+PIPELINE_MAX_BYTES = _pipes.PACKET_BODY
 
 
 # While a worker's process group still has running members after the worker's exit, the
@@ -171,7 +171,7 @@ class Dispatcher:
             raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-               body: _wire.Buffers, timeout: float | None = None) -> PoolFuture[Any]:
+               body: _frames.Buffers, timeout: float | None = None) -> PoolFuture[Any]:
         """Queue one encoded call (caller thread). Raises if the pool cannot take it."""
         future: PoolFuture[Any] = PoolFuture()
         with self._lock:
@@ -355,7 +355,7 @@ class Dispatcher:
         self.flush_sends()
         if self._decoded_errors:  # now that the frames that decoded them have returned
             for error in self._decoded_errors:
-                _wire.release_frames(error)
+                _pickling.release_frames(error)
             self._decoded_errors.clear()
 
     def _watched(self) -> list[int]:
@@ -382,7 +382,7 @@ class Dispatcher:
                     record.future._end_cancelled()  # (notifies concurrent.futures.wait)
                     continue
                 self._tasks[record.info.task_id] = record
-                pipelinable = _wire.size_of(record.body) <= PIPELINE_MAX_BYTES
+                pipelinable = _frames.size_of(record.body) <= PIPELINE_MAX_BYTES
                 self._perform(self._machine.submit(record.info.task_id, pipelinable=pipelinable,
                                                    timeout=record.timeout, schedule=False))
                 unscheduled = True
@@ -457,7 +457,7 @@ class Dispatcher:
         for frame in worker.read():
             try:
                 accepted = self._accept_frame(slot, worker, frame)
-            except _wire.MalformedFrame as exc:
+            except _frames.MalformedFrame as exc:
                 reader.error = f"a {frame.kind.name} frame that is not a reply ({exc})"
                 break
             if not accepted:
@@ -478,11 +478,11 @@ class Dispatcher:
             self._perform(self._machine.worker_ready(
                 slot, pipelining=worker.reclaim_fd is not None))
         elif frame.kind is Kind.INIT_FAILED:
-            worker.start_error = _wire.decode_exception(frame.body)
+            worker.start_error = _pickling.decode_exception(frame.body)
             self._decoded_errors.append(worker.start_error)
         elif frame.kind is Kind.OVER_MEMORY:
             if len(frame.body) != 8:
-                raise _wire.MalformedFrame(f"{len(frame.body)} bytes, not 8")
+                raise _frames.MalformedFrame(f"{len(frame.body)} bytes, not 8")
             logger.info("%s: worker pid %d uses %d bytes, above max_memory_per_child; "
                         "replacing it after this task", self.name, worker.pid,
                         int.from_bytes(frame.body, "big"))
@@ -491,7 +491,7 @@ class Dispatcher:
             in_flight = machine_slot.in_flight
             if not in_flight or in_flight[0] != frame.task_id:
                 return False
-            outcome = self._tasks[frame.task_id].outcome = _wire.decode_outcome(frame)
+            outcome = self._tasks[frame.task_id].outcome = _pickling.decode_outcome(frame)
             worker.tasks_run += 1
             if not outcome[0]:
                 self._decoded_errors.append(outcome[1])
@@ -536,7 +536,7 @@ class Dispatcher:
         """
         count, later_frames = 0, 0
         for task_id in reversed(self._machine.slots[slot].in_flight):
-            later_frames += _wire.HEADER.size + _wire.size_of(self._tasks[task_id].body)
+            later_frames += _frames.HEADER.size + _frames.size_of(self._tasks[task_id].body)
             if unread < later_frames:
                 break
             count += 1

@@ -27,8 +27,8 @@ import signal
 import threading
 from typing import Any, Callable, NamedTuple
 
-from . import _teardown, _wire
-from ._wire import Frame, FrameReader, Kind
+from . import _frames, _pipes, _teardown
+from ._frames import Frame, FrameReader, Kind
 from ._worker import DUMP_SIGNAL, InheritedFd, Initializer, WorkerSetup, worker_main
 
 # How long a worker whose sentinel fired may take to become reapable: the sentinel can
@@ -62,21 +62,21 @@ class _FrameWriter:
     than as 4 KiB packets). The dispatcher collects it (``done``) before writing again, so
     the pipe is back in packet mode before the next frame."""
 
-    def __init__(self, fd: int, task_id: int, body: _wire.Buffers, packets: bool,
+    def __init__(self, fd: int, task_id: int, body: _frames.Buffers, packets: bool,
                  on_done: Callable[[], None]) -> None:
         self.task_id = task_id
-        body_bytes = _wire.size_of(body)
-        self.unwritten = _wire.HEADER.size + body_bytes
+        body_bytes = _frames.size_of(body)
+        self.unwritten = _frames.HEADER.size + body_bytes
         self.failed = False
         self.done = False
         self._fd: int | None = os.dup(fd)
         self._packets = packets
-        self._parts = [_wire.HEADER.pack(_wire.MAGIC, Kind.CALL, task_id, body_bytes), *body]
+        self._parts = [_frames.HEADER.pack(_frames.MAGIC, Kind.CALL, task_id, body_bytes), *body]
         self._on_done = on_done
         self._thread = threading.Thread(target=self._run, name=f"pool-writer-{task_id}",
                                         daemon=True)
         if packets:
-            _wire.set_packet_mode(self._fd, False)
+            _pipes.set_packet_mode(self._fd, False)
         self._thread.start()
 
     @property
@@ -88,14 +88,14 @@ class _FrameWriter:
         parts, fd = self._parts, self._fd
         assert fd is not None
         try:
-            _wire._write_all(fd, parts)
+            _frames.write_all(fd, parts)
         except OSError:
             self.failed = True  # the worker is gone (or closed its end): it never got it all
         finally:
             self.unwritten = sum(map(len, parts))
             self._parts = []
             if self._packets:
-                _wire.set_packet_mode(fd, True)
+                _pipes.set_packet_mode(fd, True)
             self._fd = None
             _teardown.close_fds(fd)
             self.done = True
@@ -124,8 +124,8 @@ class WorkerHandle:
         self.crash_fd = crash_fd
         self.start_error: BaseException | None = None  # from an INIT_FAILED frame
         self.tasks_run = 0  # replies received: tasks it finished (for stats)
-        self.outbox: list[tuple[int, _wire.Buffers]] = []  # CALL frames queued this turn
-        self.room = _wire.PipeRoom(task_fd)
+        self.outbox: list[tuple[int, _frames.Buffers]] = []  # CALL frames queued this turn
+        self.room = _pipes.PipeRoom(task_fd)
         self.writer: _FrameWriter | None = None  # writing a large frame, in a thread
         self._on_write_done = on_write_done
 
@@ -138,9 +138,9 @@ class WorkerHandle:
         ``on_write_done`` is called (from another thread) when a large frame is written."""
         task_r, task_w = os.pipe()
         reclaim_fd = None
-        if (_wire.pipe_capacity(task_w) or 0) >= _PACKET_PIPE_BYTES:
-            reclaim_fd = _wire.second_reader(task_r)
-            if reclaim_fd is not None and not _wire.set_packet_mode(task_w, True):
+        if (_pipes.pipe_capacity(task_w) or 0) >= _PACKET_PIPE_BYTES:
+            reclaim_fd = _pipes.second_reader(task_r)
+            if reclaim_fd is not None and not _pipes.set_packet_mode(task_w, True):
                 _teardown.close_fds(reclaim_fd)
                 reclaim_fd = None
         reply_r, reply_w = os.pipe()
@@ -173,7 +173,7 @@ class WorkerHandle:
         fds = [fd for fd in (self.task_fd, self.reclaim_fd) if fd is not None]
         return fds + (self.writer.fds if self.writer is not None else [])
 
-    def send(self, task_id: int, body: _wire.Buffers) -> None:
+    def send(self, task_id: int, body: _frames.Buffers) -> None:
         """Queue one CALL frame; ``flush`` writes what was queued."""
         assert self.task_fd is not None, "sending to a worker asked to stop"
         self.outbox.append((task_id, body))
@@ -186,7 +186,7 @@ class WorkerHandle:
             return []
         frames, self.outbox = self.outbox, []
         assert self.task_fd is not None
-        size = sum(_wire.HEADER.size + _wire.size_of(body) for _, body in frames)
+        size = sum(_frames.HEADER.size + _frames.size_of(body) for _, body in frames)
         self.room.fit(size)
         if size > BACKGROUND_FRAME_BYTES:
             # Sent only to a worker with nothing else in flight, so it is alone.
@@ -195,11 +195,11 @@ class WorkerHandle:
                                        self._on_write_done)
             return []
         if self.reclaim_fd is None:
-            written = _wire.write_frames(self.task_fd, Kind.CALL, frames)
+            written = _frames.write_frames(self.task_fd, Kind.CALL, frames)
         else:  # one write per frame: one packet each
             written = 0
             for frame in frames:
-                if _wire.write_frames(self.task_fd, Kind.CALL, [frame]) == 0:
+                if _frames.write_frames(self.task_fd, Kind.CALL, [frame]) == 0:
                     break
                 written += 1
         return [task_id for task_id, _ in frames[written:]]
@@ -219,7 +219,7 @@ class WorkerHandle:
         ids in the order they were sent."""
         taken = []
         if self.reclaim_fd is not None and self.writer is None:
-            taken = [task_id for _, task_id in _wire.read_packets(self.reclaim_fd)]
+            taken = [task_id for _, task_id in _pipes.read_packets(self.reclaim_fd)]
         taken += [task_id for task_id, _ in self.outbox]
         self.outbox = []
         return taken
@@ -275,7 +275,7 @@ class WorkerHandle:
         return False
 
     def _release(self, exitcode: int | None, group_left: tuple[int, ...]) -> Exit:
-        unread = _teardown.unread_bytes(self.task_fd) if self.task_fd is not None else 0
+        unread = _pipes.unread_bytes(self.task_fd) if self.task_fd is not None else 0
         if self.writer is not None:
             # With our read end closed too, no reader is left: the thread sees EPIPE.
             if self.reclaim_fd is not None:
@@ -284,7 +284,7 @@ class WorkerHandle:
             writer, self.writer = self.writer, None
             unread += writer.unwritten if writer.join(_WRITER_JOIN_SECONDS) else 1
         # Frames still queued were never written: as good as unread (they come last).
-        unread += sum(_wire.HEADER.size + _wire.size_of(body) for _, body in self.outbox)
+        unread += sum(_frames.HEADER.size + _frames.size_of(body) for _, body in self.outbox)
         self.outbox = []
         crash_report = _teardown.read_crash_report(self.crash_fd)
         self.close_task_pipe()
