@@ -83,7 +83,7 @@ class Reclaim:
 
 
 @dataclass(frozen=True, slots=True)
-class Stop:
+class AskToExit:
     """Ask the slot's worker to exit (close its task pipe)."""
     slot: int
 
@@ -113,6 +113,6 @@ class Unreaped:
 
 
 Action = Union[Spawn, Send, Resolve, FailDied, FailMisbehaved, FailTimedOut, FailTerminated,
-               Stopped, FailBroken, Cancel, Reclaim, Stop, Signal, DumpStack, Broken, Unreaped]
+               Stopped, FailBroken, Cancel, Reclaim, AskToExit, Signal, DumpStack, Broken, Unreaped]
 
 

@@ -13,7 +13,7 @@
  Dispatcher.cancelled(id)         drain_wakeups   (Submit, Shutdown, StopTask,
    ─► _cancels (no lock, no wake)                   Terminate, Sync → census and
                                                     stats published, latch)
- future.result() ◄── _resolve ◄─   deliver_replies (WorkerHandle.read: FrameReader)
+ future.result() ◄── resolve ◄──   deliver_replies (WorkerHandle.read: FrameReader)
  done-callbacks ◄── CallbackRunner handle_exits    (WorkerHandle.finish → WorkerDied,
  (own threads)                                      TaskTimeout, WorkerTerminated)
                                    fire_deadlines  (task timeouts → DumpStack;    DUMP_SIGNAL:
@@ -23,7 +23,8 @@
                                                     writes a large one)
                                    _perform(actions of the StateMachine:        _watch_parent:
                                      Spawn, Send, Resolve, Fail*, Stopped,        lifeline hang-up
-                                     Reclaim, Stop, Signal, DumpStack, Unreaped)  → killpg, exit
+                                     Reclaim, AskToExit, Signal, DumpStack,       → killpg, exit
+                                     Unreaped)
 
 Owns: the ``StateMachine``, the task records, one ``WorkerHandle`` per live worker, the
 pool's lifeline pipe, the wakeup handle, and the ``Counters`` behind ``stats()`` (published
@@ -63,7 +64,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import wait
 from typing import Any, Callable, Iterator
 
-from . import _exit, _frames, _pickling, _pipes, _state, _teardown
+from . import _actions, _exit, _frames, _pickling, _pipes, _records, _state, _teardown
 from ._commands import Command, Shutdown, StopTask, Submit, Sync, TaskRecord, Terminate
 from ._errors import (PoolInternalError, TaskInfo, WorkerDied, WorkerProtocolError,
                       describe_exit)
@@ -102,7 +103,7 @@ class Dispatcher:
     def __init__(self, *, max_workers: int, mp_context: Any, initializer: Initializer | None,
                  max_tasks_per_child: int | None, max_memory_per_child: int | None = None,
                  pipeline_depth: int = PIPELINE_DEPTH,
-                 timeouts: _state.Timeouts = _state.Timeouts(),
+                 timeouts: _records.Timeouts = _records.Timeouts(),
                  idle_timeout: float | None = None) -> None:
         self.name = f"pool-dispatcher-{next(_dispatcher_numbers)}"
         self._ctx = mp_context
@@ -473,8 +474,8 @@ class Dispatcher:
         Raises MalformedFrame (before acting) if its body is not what its kind promises."""
         machine_slot = self._machine.slots[slot]
         if frame.kind is Kind.READY:
-            if machine_slot.state is not _state.SlotState.STARTING:
-                return machine_slot.state is _state.SlotState.STOPPING
+            if machine_slot.state is not _records.SlotState.STARTING:
+                return machine_slot.state is _records.SlotState.STOPPING
             self._perform(self._machine.worker_ready(
                 slot, pipelining=worker.reclaim_fd is not None))
         elif frame.kind is Kind.INIT_FAILED:
@@ -510,11 +511,11 @@ class Dispatcher:
             self._lingering[ended.pid] = time.monotonic() + self._timeouts.kill
         running = self._machine.slots[slot].in_flight
         state = self._machine.slots[slot].state
-        if state is not _state.SlotState.STOPPING:  # it ended without being asked to
+        if state is not _records.SlotState.STOPPING:  # it ended without being asked to
             self._counters.worker_died(ended.exitcode)
-        if state is _state.SlotState.STARTING:
+        if state is _records.SlotState.STARTING:
             self._start_failures.worker_ended(worker.start_error, ended)
-        elif not running and state is not _state.SlotState.STOPPING:
+        elif not running and state is not _records.SlotState.STOPPING:
             logger.warning("%s: idle worker pid %d died (%s); replacing it", self.name,
                            ended.pid, describe_exit(ended.exitcode))
         self._slot_emptied(slot, ended)
@@ -544,22 +545,22 @@ class Dispatcher:
 
     # -- actions -------------------------------------------------------------------------------
 
-    def _perform(self, actions: list[_state.Action], death: Exit | None = None) -> None:
+    def _perform(self, actions: list[_actions.Action], death: Exit | None = None) -> None:
         """Carry out actions in order; ``death`` describes the worker whose exit produced
         them, for the actions that fail its running task."""
         work = list(actions)
         while work:
             action = work.pop(0)
-            if isinstance(action, (_state.FailDied, _state.FailTimedOut,
-                                   _state.FailTerminated)):
+            if isinstance(action, (_actions.FailDied, _actions.FailTimedOut,
+                                   _actions.FailTerminated)):
                 assert death is not None
                 record = self._tasks.pop(action.task_id)
                 error = failure(action, death, record.info)
                 if isinstance(error, WorkerDied):
                     self._log_death(error)
-                self._count_end(record, Outcome.FAILED if isinstance(action, _state.FailDied)
+                self._count_end(record, Outcome.FAILED if isinstance(action, _actions.FailDied)
                                 else Outcome.TIMED_OUT
-                                if isinstance(action, _state.FailTimedOut) else Outcome.STOPPED)
+                                if isinstance(action, _actions.FailTimedOut) else Outcome.STOPPED)
                 resolve(record.future, None, error)
             else:
                 work += self._perform_one(action)
@@ -583,47 +584,47 @@ class Dispatcher:
         while it ran ends cancelled, whatever came back, so it counts as stopped."""
         self._counters.ended(Outcome.STOPPED if record.future._stop_requested else outcome)
 
-    def _perform_one(self, action: _state.Action) -> list[_state.Action]:
-        if isinstance(action, _state.Send):
+    def _perform_one(self, action: _actions.Action) -> list[_actions.Action]:
+        if isinstance(action, _actions.Send):
             return self._send(action.slot, self._tasks[action.task_id])
-        if isinstance(action, _state.Resolve):
+        if isinstance(action, _actions.Resolve):
             record = self._tasks.pop(action.task_id)
             assert record.outcome is not None
             ok, value = record.outcome
             self._count_end(record, Outcome.COMPLETED if ok else Outcome.FAILED)
             resolve(record.future, value if ok else None, None if ok else value)
-        elif isinstance(action, _state.FailMisbehaved):
+        elif isinstance(action, _actions.FailMisbehaved):
             record = self._tasks.pop(action.task_id)
             pid = self._workers[action.slot].pid
             self._count_end(record, Outcome.FAILED)
             resolve(record.future, None, WorkerProtocolError(
                 f"worker pid {pid} sent bytes that are not a reply while running "
                 f"{record.info.describe()}: {self._workers[action.slot].reader.error}"))
-        elif isinstance(action, _state.FailBroken):
+        elif isinstance(action, _actions.FailBroken):
             record = self._tasks.pop(action.task_id)
             self._count_end(record, Outcome.FAILED)
             resolve(record.future, None, self._start_failures.error(_state.MAX_START_FAILURES))
-        elif isinstance(action, (_state.Cancel, _state.Stopped)):
+        elif isinstance(action, (_actions.Cancel, _actions.Stopped)):
             # Ends cancelled even if it was already marked running: a task taken back
             # from a worker's pipe unread, then cancelled by shutdown or a stop.
             record = self._tasks.pop(action.task_id)
-            ran = isinstance(action, _state.Stopped) and action.ran
+            ran = isinstance(action, _actions.Stopped) and action.ran
             self._counters.ended(Outcome.STOPPED if ran else Outcome.CANCELLED)
             record.future._end_cancelled()
-        elif isinstance(action, _state.Spawn):
+        elif isinstance(action, _actions.Spawn):
             return self._spawn(action.slot)
-        elif isinstance(action, _state.Reclaim):
+        elif isinstance(action, _actions.Reclaim):
             taken_back = self._workers[action.slot].reclaim()
             return self._machine.tasks_reclaimed(action.slot, taken_back)
-        elif isinstance(action, _state.Stop):
+        elif isinstance(action, _actions.AskToExit):
             self._workers[action.slot].close_task_pipe()
-        elif isinstance(action, _state.Signal):
+        elif isinstance(action, _actions.Signal):
             self._workers[action.slot].signal(action.signum)
-        elif isinstance(action, _state.DumpStack):
+        elif isinstance(action, _actions.DumpStack):
             self._workers[action.slot].dump_stack()
-        elif isinstance(action, _state.Unreaped):
+        elif isinstance(action, _actions.Unreaped):
             self._abandon(action.slot)
-        elif isinstance(action, _state.Broken):
+        elif isinstance(action, _actions.Broken):
             with self._lock:
                 self.broken_error = self._start_failures.error(_state.MAX_START_FAILURES)
         else:
@@ -641,7 +642,7 @@ class Dispatcher:
         self._abandoned.append(worker)
         self._slot_emptied(slot, ended)
 
-    def _send(self, slot: int, record: TaskRecord) -> list[_state.Action]:
+    def _send(self, slot: int, record: TaskRecord) -> list[_actions.Action]:
         if not record.marked_running:
             if not record.future.set_running_or_notify_cancel():
                 self._counters.ended(Outcome.CANCELLED)
@@ -669,7 +670,7 @@ class Dispatcher:
         if self._wakeup is not None:
             self._wakeup.wake()
 
-    def _spawn(self, slot: int) -> list[_state.Action]:
+    def _spawn(self, slot: int) -> list[_actions.Action]:
         assert self._lifeline is not None
         inherited = None
         if self._fork:  # a forked child holds copies of everything: say what to close

@@ -29,21 +29,15 @@ import signal
 from collections import deque
 from typing import Callable
 
-from ._actions import (Action, Broken, Cancel, DumpStack, FailBroken, FailDied, FailMisbehaved,
+from ._actions import (Action, AskToExit, Broken, Cancel, DumpStack, FailBroken, FailDied,
+                       FailMisbehaved,
                        FailTerminated, FailTimedOut, Reclaim, Resolve, Send, Signal, Spawn,
-                       Stop, Stopped, Unreaped)
+                       Stopped, Unreaped)
 from ._records import (SLOT_TRANSITIONS, TASK_TRANSITIONS, Ending, Escalation,
                        InvalidTransition, Phase, Slot, SlotState, Task, TaskQueue, TaskState,
                        Timeouts)
 
-__all__ = [
-    "TaskState", "SlotState", "Phase", "Escalation", "Ending", "InvalidTransition",
-    "StateMachine", "Timeouts", "Spawn", "Send", "Resolve", "FailDied", "FailMisbehaved",
-    "RECLAIM_AFTER_SECONDS",
-    "FailBroken", "FailTimedOut", "FailTerminated", "Cancel", "Stopped", "Reclaim", "Stop",
-    "Signal",
-    "DumpStack", "Broken", "Unreaped", "Action", "MAX_START_FAILURES",
-]
+__all__ = ["StateMachine", "MAX_START_FAILURES", "RECLAIM_AFTER_SECONDS", "SHORT_TASK_SECONDS"]
 
 # Small tasks are queued behind the running one on a worker (so that it never waits for the
 # round trip) only while that worker's last task ran shorter than this.
@@ -622,7 +616,7 @@ class StateMachine:
                  Escalation.KILLED: self._timeouts.kill}.get(step)
         slot.deadline = None if grace is None else self._clock() + grace
         if step is Escalation.ASKED:
-            return Stop(slot.index)
+            return AskToExit(slot.index)
         if step is Escalation.DUMPING:
             return DumpStack(slot.index)
         if step is Escalation.TERMINATED:

@@ -7,11 +7,12 @@ from collections import deque
 
 import pytest
 
-from pool._state import (MAX_START_FAILURES, RECLAIM_AFTER_SECONDS, Broken, Cancel, DumpStack,
-                         Ending, Escalation, FailBroken, FailDied, FailMisbehaved,
-                         FailTerminated, FailTimedOut, InvalidTransition, Phase, Reclaim,
-                         Resolve, Send, Signal, SlotState, Spawn, StateMachine, Stop, Stopped,
-                         TaskState, Timeouts, Unreaped)
+from pool._actions import (Broken, Cancel, DumpStack, FailBroken, FailDied, FailMisbehaved,
+                           FailTerminated, FailTimedOut, Reclaim, Resolve, Send, Signal, Spawn,
+                           AskToExit, Stopped, Unreaped)
+from pool._records import (Ending, Escalation, InvalidTransition, Phase, SlotState, TaskState,
+                           Timeouts)
+from pool._state import MAX_START_FAILURES, RECLAIM_AFTER_SECONDS, StateMachine
 
 
 class FakeClock:
@@ -154,7 +155,7 @@ def test_max_tasks_per_child_retires_then_refills():
     start(m, 0)
     assert m.task_replied(0, 1) == [Resolve(1), Send(0, 2)]
     assert m.slots[0].state is SlotState.RETIRING
-    assert m.task_replied(0, 2) == [Resolve(2), Stop(0)]
+    assert m.task_replied(0, 2) == [Resolve(2), AskToExit(0)]
     assert m.worker_exited(0) == [Spawn(0)]
     assert start(m, 0) == [Send(0, 3)]
 
@@ -165,7 +166,7 @@ def test_a_cancelled_last_task_gives_its_quota_back():
     assert start(m, 0) == [Send(0, 1)]
     assert m.slots[0].state is SlotState.RETIRING
     assert m.task_cancelled(0, 1) == [Send(0, 2)]  # the worker never got task 1
-    assert m.task_replied(0, 2) == [Resolve(2), Stop(0)]
+    assert m.task_replied(0, 2) == [Resolve(2), AskToExit(0)]
 
 
 def test_cancelled_before_send_is_withdrawn():
@@ -201,7 +202,7 @@ def test_shutdown_finishes_queued_work_then_stops_every_worker():
     start(m, 0)
     assert m.shutdown(cancel_futures=False) == []
     assert m.task_replied(0, 1) == [Resolve(1), Send(0, 2)]
-    assert m.task_replied(0, 2) == [Resolve(2), Stop(0)]
+    assert m.task_replied(0, 2) == [Resolve(2), AskToExit(0)]
     assert m.phase is Phase.DRAINING
     assert m.worker_exited(0) == []
     assert m.closed
@@ -213,7 +214,7 @@ def test_shutdown_with_cancel_futures_cancels_only_queued():
         m.submit(task)
     start(m, 0)
     assert m.shutdown(cancel_futures=True) == [Cancel(2), Cancel(3)]
-    assert m.task_replied(0, 1) == [Resolve(1), Stop(0)]
+    assert m.task_replied(0, 1) == [Resolve(1), AskToExit(0)]
 
 
 def test_shutdown_of_an_unused_pool_closes_at_once():
@@ -234,7 +235,7 @@ def test_stop_escalates_terminate_then_kill_then_reports():
     m.submit(1)
     start(m, 0)
     m.task_replied(0, 1)
-    assert m.shutdown(cancel_futures=False) == [Stop(0)]
+    assert m.shutdown(cancel_futures=False) == [AskToExit(0)]
     assert m.next_deadline() == clock.now + 3
     assert m.tick() == []
     clock.now += 3
@@ -251,11 +252,11 @@ def test_starting_worker_is_stopped_when_no_longer_needed():
     m, _ = machine(2)
     m.submit(1), m.submit(2)  # slot 0 and slot 1 start
     start(m, 0)               # slot 0 takes task 1; task 2 waits for slot 1
-    assert m.shutdown(cancel_futures=True) == [Cancel(2), Stop(1)]
+    assert m.shutdown(cancel_futures=True) == [Cancel(2), AskToExit(1)]
     assert m.worker_ready(1) == []  # stopped while starting: it gets nothing
     assert m.worker_exited(1) == []
     assert m.start_failures == 0  # asked to stop: its exit is not a failed start
-    assert m.task_replied(0, 1) == [Resolve(1), Stop(0)]
+    assert m.task_replied(0, 1) == [Resolve(1), AskToExit(0)]
     assert m.worker_exited(0) == [] and m.closed
 
 
@@ -447,7 +448,7 @@ def test_terminate_escalates_a_worker_already_asked_to_stop():
     m.submit(1)
     start(m, 0)
     m.task_replied(0, 1)
-    assert m.shutdown(cancel_futures=False) == [Stop(0)]
+    assert m.shutdown(cancel_futures=False) == [AskToExit(0)]
     assert m.terminate(signal.SIGTERM) == [Signal(0, signal.SIGTERM)]
     assert m.slots[0].escalation is Escalation.TERMINATED
 
@@ -458,7 +459,7 @@ def test_a_worker_over_its_memory_limit_retires_after_its_reply():
     start(m, 0)
     assert m.worker_over_memory(0) == []
     assert m.slots[0].state is SlotState.RETIRING
-    assert m.task_replied(0, 1) == [Resolve(1), Stop(0)]
+    assert m.task_replied(0, 1) == [Resolve(1), AskToExit(0)]
     assert m.worker_exited(0) == [Spawn(0)]
     assert m.worker_ready(0) == [Send(0, 2)]
 
@@ -500,7 +501,7 @@ def test_an_idle_worker_is_stopped_after_idle_timeout_and_not_refilled_until_wor
     clock.now += 9.9
     assert m.tick() == []
     clock.now += 0.1
-    assert m.tick() == [Stop(0)]
+    assert m.tick() == [AskToExit(0)]
     assert m.slots[0].state is SlotState.STOPPING
     assert m.worker_exited(0) == []  # not refilled: nothing needs a worker
     assert m.slots[0].state is SlotState.EMPTY
@@ -523,7 +524,7 @@ def test_the_idle_clock_restarts_with_each_task_and_spares_busy_workers():
     clock.now += 9
     assert m.tick() == []
     clock.now += 1
-    assert m.tick() == [Stop(0)]
+    assert m.tick() == [AskToExit(0)]
     assert m.slots[1].state is SlotState.READY  # still running task 2
 
 
@@ -532,8 +533,8 @@ def test_idle_workers_are_not_stopped_for_idling_once_draining():
     m.submit(1)
     start(m, 0)
     m.task_replied(0, 1)
-    assert m.shutdown(cancel_futures=False) == [Stop(0)]  # stopped by the shutdown
-    clock.now += 20  # past the idle timeout and the stop grace: escalation, no second Stop
+    assert m.shutdown(cancel_futures=False) == [AskToExit(0)]  # stopped by the shutdown
+    clock.now += 20  # past the idle timeout and the stop grace: escalation, no second AskToExit
     assert m.tick() == [Signal(0, signal.SIGTERM)]
     assert not m.slots[0].idled_out
 

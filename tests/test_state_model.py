@@ -18,7 +18,8 @@ import signal
 import pytest
 
 from pool import _actions as act
-from pool._state import InvalidTransition, SlotState, StateMachine, TaskState, Timeouts
+from pool._records import InvalidTransition, SlotState, TaskState, Timeouts
+from pool._state import StateMachine
 
 
 class Clock:
@@ -66,7 +67,7 @@ class World:
                                      act.FailBroken, act.Cancel, act.Stopped,
                                      act.FailTimedOut, act.FailTerminated)):
                 self.end(action.task_id, type(action).__name__)
-            elif isinstance(action, (act.Stop, act.Signal, act.DumpStack)):
+            elif isinstance(action, (act.AskToExit, act.Signal, act.DumpStack)):
                 assert action.slot in self.alive, f"{action} for a slot with no process"
             elif isinstance(action, act.Reclaim):
                 # The worker reads its pipe while the parent takes tasks back: any of them
