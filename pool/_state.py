@@ -30,9 +30,8 @@ from collections import deque
 from typing import Callable
 
 from ._actions import (Action, AskToExit, Broken, Cancel, DumpStack, FailBroken, FailDied,
-                       FailMisbehaved,
-                       FailTerminated, FailTimedOut, Reclaim, Resolve, Send, Signal, Spawn,
-                       Stopped, Unreaped)
+                       FailMisbehaved, FailTerminated, FailTimedOut, Reclaim, Resolve, Send,
+                       Signal, Spawn, Stopped, Unreaped)
 from ._records import (SLOT_TRANSITIONS, TASK_TRANSITIONS, Ending, Escalation,
                        InvalidTransition, Phase, Slot, SlotState, Task, TaskQueue, TaskState,
                        Timeouts)
