@@ -64,7 +64,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import wait
 from typing import Any, Callable, Iterator
 
-from . import _actions, _exit, _frames, _pickling, _pipes, _records, _state, _teardown
+from . import _actions, _exit, _frames, _limits, _pickling, _records, _state, _teardown
 from ._commands import Command, Shutdown, StopTask, Submit, Sync, TaskRecord, Terminate
 from ._errors import (PoolInternalError, TaskInfo, WorkerDied, WorkerProtocolError,
                       describe_exit)
@@ -82,18 +82,6 @@ logger = logging.getLogger("pool")
 
 _dispatcher_numbers = itertools.count(1)
 
-# Small tasks in flight per worker (see _state.SHORT_TASK_SECONDS for when more than one):
-# a worker finds its next task in its pipe instead of waiting for a round trip (measured:
-# about twice the no-op tasks/s of 1). Those queued behind a task that runs long are taken
-# back from the pipe (_state.RECLAIM_AFTER_SECONDS) and run elsewhere, so a task that hangs
-# holds up no other. Where pipes have no packet mode (not Linux) it is 1 whatever this says.
-PIPELINE_DEPTH = 8
-# Frames this small can wait in a worker's pipe behind a running task: one packet each, so
-# the most that can wait (PIPELINE_DEPTH - 1 packets) fits in the pipe and writing them
-# never blocks the dispatcher.
-PIPELINE_MAX_BYTES = _pipes.PACKET_BODY
-
-
 # While a worker's process group still has running members after the worker's exit, the
 # loop re-checks it this often (only then: an idle pool never wakes up on its own).
 _LINGERING_POLL_SECONDS = 0.01
@@ -102,9 +90,10 @@ _LINGERING_POLL_SECONDS = 0.01
 class Dispatcher:
     def __init__(self, *, max_workers: int, mp_context: Any, initializer: Initializer | None,
                  max_tasks_per_child: int | None, max_memory_per_child: int | None = None,
-                 pipeline_depth: int = PIPELINE_DEPTH,
+                 pipeline_depth: int = _limits.PIPELINE_DEPTH,
                  timeouts: _records.Timeouts = _records.Timeouts(),
                  idle_timeout: float | None = None) -> None:
+        _limits.check_pipeline(pipeline_depth)
         self.name = f"pool-dispatcher-{next(_dispatcher_numbers)}"
         self._ctx = mp_context
         self._fork = mp_context.get_start_method() == "fork"
@@ -383,7 +372,7 @@ class Dispatcher:
                     record.future._end_cancelled()  # (notifies concurrent.futures.wait)
                     continue
                 self._tasks[record.info.task_id] = record
-                pipelinable = _frames.size_of(record.body) <= PIPELINE_MAX_BYTES
+                pipelinable = _frames.size_of(record.body) <= _limits.PIPELINE_MAX_BYTES
                 self._perform(self._machine.submit(record.info.task_id, pipelinable=pipelinable,
                                                    timeout=record.timeout, schedule=False))
                 unscheduled = True

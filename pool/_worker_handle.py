@@ -27,7 +27,7 @@ import signal
 import threading
 from typing import Any, Callable, NamedTuple
 
-from . import _frames, _pipes, _teardown
+from . import _frames, _limits, _pipes, _teardown
 from ._frames import Frame, FrameReader, Kind
 from ._worker import DUMP_SIGNAL, InheritedFd, Initializer, WorkerSetup, worker_main
 
@@ -35,13 +35,6 @@ from ._worker import DUMP_SIGNAL, InheritedFd, Initializer, WorkerSetup, worker_
 # report the exit a moment before the kernel lets the process be reaped.
 _REAP_SECONDS = 5.0
 
-# Frames larger than this are written by a thread of their own. Smaller ones are written by
-# the dispatcher: they are sent only to a worker with nothing else in its pipe (or, one
-# packet each, behind small ones), so they always fit and the write never blocks.
-BACKGROUND_FRAME_BYTES = 32 << 10
-# A task pipe smaller than this (the user is over pipe-user-pages-soft) gets no packets
-# queued behind the running one: they might not fit.
-_PACKET_PIPE_BYTES = 64 << 10
 # How long the release of a dead worker waits for the thread writing it a frame to see
 # that (at once, unless another process holds the pipe's read end).
 _WRITER_JOIN_SECONDS = 1.0
@@ -126,6 +119,8 @@ class WorkerHandle:
         self.tasks_run = 0  # replies received: tasks it finished (for stats)
         self.outbox: list[tuple[int, _frames.Buffers]] = []  # CALL frames queued this turn
         self.room = _pipes.PipeRoom(task_fd)
+        # (See _limits, rule 3: no larger than this pipe, if it is a small one.)
+        self._background_above = _limits.background_above(_pipes.pipe_capacity(task_fd))
         self.writer: _FrameWriter | None = None  # writing a large frame, in a thread
         self._on_write_done = on_write_done
 
@@ -138,7 +133,7 @@ class WorkerHandle:
         ``on_write_done`` is called (from another thread) when a large frame is written."""
         task_r, task_w = os.pipe()
         reclaim_fd = None
-        if (_pipes.pipe_capacity(task_w) or 0) >= _PACKET_PIPE_BYTES:
+        if (_pipes.pipe_capacity(task_w) or 0) >= _limits.PACKET_PIPE_BYTES:
             reclaim_fd = _pipes.second_reader(task_r)
             if reclaim_fd is not None and not _pipes.set_packet_mode(task_w, True):
                 _teardown.close_fds(reclaim_fd)
@@ -188,7 +183,7 @@ class WorkerHandle:
         assert self.task_fd is not None
         size = sum(_frames.HEADER.size + _frames.size_of(body) for _, body in frames)
         self.room.fit(size)
-        if size > BACKGROUND_FRAME_BYTES:
+        if size > self._background_above:
             # Sent only to a worker with nothing else in flight, so it is alone.
             assert len(frames) == 1, "a large frame with others behind it"
             self.writer = _FrameWriter(self.task_fd, *frames[0], self.reclaim_fd is not None,
