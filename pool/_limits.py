@@ -37,8 +37,9 @@ from ._pipes import PACKET_BODY, PIPE_BUF
 # back from the pipe (_state.RECLAIM_AFTER_SECONDS) and run elsewhere, so a task that hangs
 # holds up no other. Where pipes have no packet mode (not Linux) it is 1 whatever this says.
 PIPELINE_DEPTH = 8
-# Rule 1: the largest body that may be sent ahead.
+# Rule 1: the largest body that may be sent ahead, and its frame (one packet).
 PIPELINE_MAX_BYTES = PACKET_BODY
+PIPELINE_MAX_FRAME = PIPE_BUF
 # Rule 2: a task pipe smaller than this gets no packets queued behind the running task.
 PACKET_PIPE_BYTES = 64 << 10
 # Rule 3: frames larger than this (or than the pipe, if it is smaller) are written by a
@@ -65,5 +66,5 @@ def background_above(capacity: int | None) -> int:
 
 
 check_pipeline(PIPELINE_DEPTH)
-assert PIPELINE_MAX_BYTES < PIPE_BUF  # rule 1: the header fits in the same packet
+assert PIPELINE_MAX_BYTES < PIPELINE_MAX_FRAME == PIPE_BUF  # rule 1: header and body, one packet
 assert BACKGROUND_FRAME_BYTES <= PACKET_PIPE_BYTES  # rule 3, for a pipe that takes packets

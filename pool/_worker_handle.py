@@ -47,6 +47,7 @@ class Exit(NamedTuple):
     crash_report: str | None
     unread_task_bytes: int        # written to its task pipe, never read by it
     group_left: tuple[int, ...] = ()  # processes of its group still running after its reap
+    start_error: BaseException | None = None  # what its initializer raised, if it said
 
 
 class _FrameWriter:
@@ -55,11 +56,11 @@ class _FrameWriter:
     than as 4 KiB packets). The dispatcher collects it (``done``) before writing again, so
     the pipe is back in packet mode before the next frame."""
 
-    def __init__(self, fd: int, task_id: int, body: _frames.Buffers, packets: bool,
-                 on_done: Callable[[], None]) -> None:
+    def __init__(self, fd: int, task_id: int, body: _frames.Buffers, frame_bytes: int,
+                 packets: bool, on_done: Callable[[], None]) -> None:
         self.task_id = task_id
-        body_bytes = _frames.size_of(body)
-        self.unwritten = _frames.HEADER.size + body_bytes
+        body_bytes = frame_bytes - _frames.HEADER.size
+        self.unwritten = frame_bytes
         self.failed = False
         self.done = False
         self._fd: int | None = os.dup(fd)
@@ -118,6 +119,10 @@ class WorkerHandle:
         self.start_error: BaseException | None = None  # from an INIT_FAILED frame
         self.tasks_run = 0  # replies received: tasks it finished (for stats)
         self.outbox: list[tuple[int, _frames.Buffers]] = []  # CALL frames queued this turn
+        self._outbox_bytes = 0  # their size, headers included
+        # Why the state machine called this worker misbehaving (then nothing more is read
+        # from it); None while it keeps to the protocol.
+        self.misbehaved: str | None = None
         self.room = _pipes.PipeRoom(task_fd)
         # (See _limits, rule 3: no larger than this pipe, if it is a small one.)
         self._background_above = _limits.background_above(_pipes.pipe_capacity(task_fd))
@@ -168,10 +173,12 @@ class WorkerHandle:
         fds = [fd for fd in (self.task_fd, self.reclaim_fd) if fd is not None]
         return fds + (self.writer.fds if self.writer is not None else [])
 
-    def send(self, task_id: int, body: _frames.Buffers) -> None:
-        """Queue one CALL frame; ``flush`` writes what was queued."""
+    def send(self, task_id: int, body: _frames.Buffers, frame_bytes: int) -> None:
+        """Queue one CALL frame (``frame_bytes`` long, header included); ``flush`` writes
+        what was queued."""
         assert self.task_fd is not None, "sending to a worker asked to stop"
         self.outbox.append((task_id, body))
+        self._outbox_bytes += frame_bytes
 
     def flush(self) -> list[int]:
         """Write the queued frames; returns the ids of those that could not be written
@@ -180,14 +187,14 @@ class WorkerHandle:
         if not self.outbox or self.writer is not None:
             return []
         frames, self.outbox = self.outbox, []
+        size, self._outbox_bytes = self._outbox_bytes, 0
         assert self.task_fd is not None
-        size = sum(_frames.HEADER.size + _frames.size_of(body) for _, body in frames)
         self.room.fit(size)
         if size > self._background_above:
             # Sent only to a worker with nothing else in flight, so it is alone.
             assert len(frames) == 1, "a large frame with others behind it"
-            self.writer = _FrameWriter(self.task_fd, *frames[0], self.reclaim_fd is not None,
-                                       self._on_write_done)
+            self.writer = _FrameWriter(self.task_fd, *frames[0], size,
+                                       self.reclaim_fd is not None, self._on_write_done)
             return []
         if self.reclaim_fd is None:
             written = _frames.write_frames(self.task_fd, Kind.CALL, frames)
@@ -216,7 +223,7 @@ class WorkerHandle:
         if self.reclaim_fd is not None and self.writer is None:
             taken = [task_id for _, task_id in _pipes.read_packets(self.reclaim_fd)]
         taken += [task_id for task_id, _ in self.outbox]
-        self.outbox = []
+        self.outbox, self._outbox_bytes = [], 0
         return taken
 
     def read(self) -> list[Frame]:
@@ -228,7 +235,7 @@ class WorkerHandle:
     @property
     def watch_replies(self) -> bool:
         # At end of file the pipe would be readable forever: stop watching it.
-        return not (self.reader.eof or self.reader.error)
+        return not (self.reader.eof or self.reader.error or self.misbehaved)
 
     def close_task_pipe(self) -> None:
         """Ask the worker to stop: it exits when it reads end of file."""
@@ -279,9 +286,9 @@ class WorkerHandle:
             writer, self.writer = self.writer, None
             unread += writer.unwritten if writer.join(_WRITER_JOIN_SECONDS) else 1
         # Frames still queued were never written: as good as unread (they come last).
-        unread += sum(_frames.HEADER.size + _frames.size_of(body) for _, body in self.outbox)
-        self.outbox = []
+        unread += self._outbox_bytes
+        self.outbox, self._outbox_bytes = [], 0
         crash_report = _teardown.read_crash_report(self.crash_fd)
         self.close_task_pipe()
         _teardown.close_fds(self.reader.fd, self.crash_fd)
-        return Exit(self.pid, exitcode, crash_report, unread, group_left)
+        return Exit(self.pid, exitcode, crash_report, unread, group_left, self.start_error)
