@@ -13,18 +13,21 @@
  Dispatcher.cancelled(id)         drain_wakeups   (Submit, Shutdown, StopTask,
    ─► _cancels (no lock, no wake)                   Terminate, Sync → census and
                                                     stats published, latch)
- future.result() ◄── resolve ◄──   deliver_replies (WorkerHandle.read: FrameReader)
- done-callbacks ◄── CallbackRunner handle_exits    (WorkerHandle.finish → WorkerDied,
- (own threads)                                      TaskTimeout, WorkerTerminated)
+ future.result() ◄── resolve ◄──   deliver_replies (WorkerHandle.read: FrameReader;
+ done-callbacks ◄── CallbackRunner                  each frame → StateMachine.task_
+ (own threads)                                      replied / worker_ready / ...)
+                                   handle_exits    (WorkerHandle.finish: an Exit →
+                                                    StateMachine.worker_exited)
                                    fire_deadlines  (task timeouts → DumpStack;    DUMP_SIGNAL:
                                                     escalation; lingering groups)  stack → exit
                                    flush_sends     (WorkerHandle.flush: a packet
                                                     per small frame; a thread
                                                     writes a large one)
                                    _perform(actions of the StateMachine:        _watch_parent:
-                                     Spawn, Send, Resolve, Fail*, Stopped,        lifeline hang-up
-                                     Reclaim, AskToExit, Signal, DumpStack,       → killpg, exit
-                                     Unreaped)
+                                     Spawn, Send, Resolve, Fail* (→ WorkerDied,   lifeline hang-up
+                                     TaskTimeout, ...), Stopped, Reclaim,         → killpg, exit
+                                     AskToExit, Signal, DumpStack, Misbehaved,
+                                     WorkerGone, Unreaped, Broken)
 
 Owns: the ``StateMachine``, the task records, one ``WorkerHandle`` per live worker, the
 pool's lifeline pipe, the wakeup handle, and the ``Counters`` behind ``stats()`` (published
@@ -519,7 +522,7 @@ class Dispatcher:
     def _log_death(self, error: WorkerDied) -> None:
         """One WARNING per worker that died while running a task (the caller may never
         look at the future: a fire-and-forget submit), with the facts in ``extra`` for
-        structured handlers. (An idle worker's death is logged in ``_worker_gone``; a
+        structured handlers. (An idle worker's death is logged in ``_departed``; a
         timeout or a stop, which the pool itself caused, is not a death to warn of.)"""
         logger.warning(
             "%s: worker pid %d died (%s) while running %s; that task failed with "
