@@ -2,12 +2,21 @@
 
 Owns: nothing but these value types. Runs in: the dispatcher thread.
 Guarantees: each is immutable and names its slot or task by index or id, never by object.
+The facts an action needs from the event that caused it (a reply's outcome, a dead worker's
+``Exit``, why a worker is called misbehaving) travel in it, opaque to the machine and left
+out of comparisons, so that the dispatcher acts on each where it arrives.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Union
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+
+def _payload(default: Any = None) -> Any:
+    """A fact carried for the dispatcher: not part of what the action is."""
+    return field(default=default, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,22 +32,26 @@ class Send:
 
 @dataclass(frozen=True, slots=True)
 class Resolve:
-    """The task's reply is final: deliver it to the future."""
+    """The task's reply is final: deliver it to the future. ``outcome``: ``(True, value)``
+    or ``(False, exception)``, as the reply was decoded."""
     task_id: int
+    outcome: Any = _payload()
 
 
 @dataclass(frozen=True, slots=True)
 class FailDied:
-    """The task's worker died while running it."""
+    """The task's worker died while running it (``exited``: what is known of the death)."""
     task_id: int
     slot: int
+    exited: Any = _payload()
 
 
 @dataclass(frozen=True, slots=True)
 class FailMisbehaved:
-    """The task's worker sent bytes that are not a reply."""
+    """The task's worker sent bytes that are not a reply, or a frame out of turn."""
     task_id: int
     slot: int
+    reason: str = _payload("")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +60,7 @@ class FailTimedOut:
     task_id: int
     slot: int
     timeout: float
+    exited: Any = _payload()
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +68,7 @@ class FailTerminated:
     """The task was running when terminate_workers() or kill_workers() ended its worker."""
     task_id: int
     slot: int
+    exited: Any = _payload()
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +98,7 @@ class Reclaim:
 
 
 @dataclass(frozen=True, slots=True)
-class Stop:
+class AskToExit:
     """Ask the slot's worker to exit (close its task pipe)."""
     slot: int
 
@@ -102,6 +117,31 @@ class DumpStack:
 
 
 @dataclass(frozen=True, slots=True)
+class Misbehaved:
+    """The slot's worker broke the protocol (``reason`` says how): log it, read nothing
+    more from it. (Its running task's ``FailMisbehaved`` and its kill follow.)"""
+    slot: int
+    reason: str = _payload("")
+
+
+class Departure(enum.Enum):
+    """How a worker that is gone left, as far as the pool's counts and logs care."""
+
+    ASKED = "asked"        # it was being ended (asked, timed out, stopped, terminated)
+    AT_START = "at start"  # it died before it was ready: a failed start
+    IDLE = "idle"          # it died with nothing sent to it
+    RUNNING = "running"    # it died with tasks sent to it
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerGone:
+    """The slot's worker has exited (first of the actions its exit causes)."""
+    slot: int
+    departure: Departure
+    exited: Any = _payload()
+
+
+@dataclass(frozen=True, slots=True)
 class Broken:
     """Workers failed to start too often in a row: the pool starts no more."""
 
@@ -113,6 +153,7 @@ class Unreaped:
 
 
 Action = Union[Spawn, Send, Resolve, FailDied, FailMisbehaved, FailTimedOut, FailTerminated,
-               Stopped, FailBroken, Cancel, Reclaim, Stop, Signal, DumpStack, Broken, Unreaped]
+               Stopped, FailBroken, Cancel, Reclaim, AskToExit, Signal, DumpStack, Misbehaved,
+               WorkerGone, Broken, Unreaped]
 
 

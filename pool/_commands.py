@@ -2,8 +2,8 @@
 
 Owns: nothing but these value types. Created in callers' threads, consumed in the
 dispatcher thread (through its command queue).
-Guarantees: a ``TaskRecord`` is the only place a submitted task's future, encoded call and
-outcome live; the dispatcher pops it when the task ends.
+Guarantees: a ``TaskRecord`` is the only place a submitted task's future and encoded call
+live; the dispatcher pops it when the task ends.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Union
 
 from ._errors import TaskInfo
 from ._futures import Latch, PoolFuture
-from ._wire import Buffers
+from ._frames import Buffers
 
 
 @dataclass(eq=False, slots=True)
@@ -23,9 +23,9 @@ class TaskRecord:
     info: TaskInfo
     future: PoolFuture[Any]
     body: Buffers            # the CALL frame's body
+    frame_bytes: int         # the whole CALL frame's size, header included
     timeout: float | None    # seconds it may run, from the moment it starts
     marked_running: bool = False
-    outcome: tuple[bool, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

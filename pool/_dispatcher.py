@@ -13,17 +13,21 @@
  Dispatcher.cancelled(id)         drain_wakeups   (Submit, Shutdown, StopTask,
    ─► _cancels (no lock, no wake)                   Terminate, Sync → census and
                                                     stats published, latch)
- future.result() ◄── _resolve ◄─   deliver_replies (WorkerHandle.read: FrameReader)
- done-callbacks ◄── CallbackRunner handle_exits    (WorkerHandle.finish → WorkerDied,
- (own threads)                                      TaskTimeout, WorkerTerminated)
+ future.result() ◄── resolve ◄──   deliver_replies (WorkerHandle.read: FrameReader;
+ done-callbacks ◄── CallbackRunner                  each frame → StateMachine.task_
+ (own threads)                                      replied / worker_ready / ...)
+                                   handle_exits    (WorkerHandle.finish: an Exit →
+                                                    StateMachine.worker_exited)
                                    fire_deadlines  (task timeouts → DumpStack;    DUMP_SIGNAL:
                                                     escalation; lingering groups)  stack → exit
                                    flush_sends     (WorkerHandle.flush: a packet
                                                     per small frame; a thread
                                                     writes a large one)
                                    _perform(actions of the StateMachine:        _watch_parent:
-                                     Spawn, Send, Resolve, Fail*, Stopped,        lifeline hang-up
-                                     Reclaim, Stop, Signal, DumpStack, Unreaped)  → killpg, exit
+                                     Spawn, Send, Resolve, Fail* (→ WorkerDied,   lifeline hang-up
+                                     TaskTimeout, ...), Stopped, Reclaim,         → killpg, exit
+                                     AskToExit, Signal, DumpStack, Misbehaved,
+                                     WorkerGone, Unreaped, Broken)
 
 Owns: the ``StateMachine``, the task records, one ``WorkerHandle`` per live worker, the
 pool's lifeline pipe, the wakeup handle, and the ``Counters`` behind ``stats()`` (published
@@ -63,7 +67,7 @@ from concurrent.futures import Future
 from multiprocessing.connection import wait
 from typing import Any, Callable, Iterator
 
-from . import _exit, _state, _teardown, _wire
+from . import _actions, _exit, _frames, _limits, _pickling, _records, _state, _teardown
 from ._commands import Command, Shutdown, StopTask, Submit, Sync, TaskRecord, Terminate
 from ._errors import (PoolInternalError, TaskInfo, WorkerDied, WorkerProtocolError,
                       describe_exit)
@@ -73,25 +77,13 @@ from ._outcomes import StartFailures, failure, format_error, fresh, resolve
 from ._state import StateMachine
 from ._stats import Counters, Outcome, PoolStats, WorkerStats
 from ._wakeup import Wakeup
-from ._wire import Frame, Kind
+from ._frames import Frame, Kind
 from ._worker import Initializer
 from ._worker_handle import Exit, WorkerHandle
 
 logger = logging.getLogger("pool")
 
 _dispatcher_numbers = itertools.count(1)
-
-# Small tasks in flight per worker (see _state.SHORT_TASK_SECONDS for when more than one):
-# a worker finds its next task in its pipe instead of waiting for a round trip (measured:
-# about twice the no-op tasks/s of 1). Those queued behind a task that runs long are taken
-# back from the pipe (_state.RECLAIM_AFTER_SECONDS) and run elsewhere, so a task that hangs
-# holds up no other. Where pipes have no packet mode (not Linux) it is 1 whatever this says.
-PIPELINE_DEPTH = 8
-# Frames this small can wait in a worker's pipe behind a running task: one packet each, so
-# the most that can wait (PIPELINE_DEPTH - 1 packets) fits in the pipe and writing them
-# never blocks the dispatcher.
-PIPELINE_MAX_BYTES = _wire.PACKET_BODY
-
 
 # While a worker's process group still has running members after the worker's exit, the
 # loop re-checks it this often (only then: an idle pool never wakes up on its own).
@@ -101,9 +93,10 @@ _LINGERING_POLL_SECONDS = 0.01
 class Dispatcher:
     def __init__(self, *, max_workers: int, mp_context: Any, initializer: Initializer | None,
                  max_tasks_per_child: int | None, max_memory_per_child: int | None = None,
-                 pipeline_depth: int = PIPELINE_DEPTH,
-                 timeouts: _state.Timeouts = _state.Timeouts(),
+                 pipeline_depth: int = _limits.PIPELINE_DEPTH,
+                 timeouts: _records.Timeouts = _records.Timeouts(),
                  idle_timeout: float | None = None) -> None:
+        _limits.check_pipeline(pipeline_depth)
         self.name = f"pool-dispatcher-{next(_dispatcher_numbers)}"
         self._ctx = mp_context
         self._fork = mp_context.get_start_method() == "fork"
@@ -113,7 +106,9 @@ class Dispatcher:
         self._timeouts = timeouts
         self._machine = StateMachine(max_workers, time.monotonic,
                                      max_tasks_per_child=max_tasks_per_child,
-                                     pipeline_depth=pipeline_depth, timeouts=timeouts,
+                                     pipeline_depth=pipeline_depth,
+                                     pipeline_max_frame=_limits.PIPELINE_MAX_FRAME,
+                                     timeouts=timeouts,
                                      idle_timeout=idle_timeout)
         self._tasks: dict[int, TaskRecord] = {}
         self._workers: dict[int, WorkerHandle] = {}  # slot index -> live worker
@@ -171,16 +166,17 @@ class Dispatcher:
             raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-               body: _wire.Buffers, timeout: float | None = None) -> PoolFuture[Any]:
+               body: _frames.Buffers, timeout: float | None = None) -> PoolFuture[Any]:
         """Queue one encoded call (caller thread). Raises if the pool cannot take it."""
         future: PoolFuture[Any] = PoolFuture()
+        frame_bytes = _frames.HEADER.size + _frames.size_of(body)  # (the one place it is summed)
         with self._lock:
             self.check_open()
             self._start_thread()
             task_id = next(self._task_ids)
             future._stopper, future._task_id = self, task_id
             self._commands.put(Submit(TaskRecord(TaskInfo(task_id, fn, args, kwargs), future,
-                                                 body, timeout)))
+                                                 body, frame_bytes, timeout)))
         assert self._wakeup is not None
         self._wakeup.wake()
         return future
@@ -355,7 +351,7 @@ class Dispatcher:
         self.flush_sends()
         if self._decoded_errors:  # now that the frames that decoded them have returned
             for error in self._decoded_errors:
-                _wire.release_frames(error)
+                _pickling.release_frames(error)
             self._decoded_errors.clear()
 
     def _watched(self) -> list[int]:
@@ -382,8 +378,8 @@ class Dispatcher:
                     record.future._end_cancelled()  # (notifies concurrent.futures.wait)
                     continue
                 self._tasks[record.info.task_id] = record
-                pipelinable = _wire.size_of(record.body) <= PIPELINE_MAX_BYTES
-                self._perform(self._machine.submit(record.info.task_id, pipelinable=pipelinable,
+                self._perform(self._machine.submit(record.info.task_id,
+                                                   frame_bytes=record.frame_bytes,
                                                    timeout=record.timeout, schedule=False))
                 unscheduled = True
                 continue
@@ -453,121 +449,80 @@ class Dispatcher:
     # -- replies and exits ----------------------------------------------------------------------
 
     def _read_worker(self, slot: int, worker: WorkerHandle) -> None:
-        reader = worker.reader
+        if worker.misbehaved:
+            return  # the machine called it misbehaving: nothing more is read from it
         for frame in worker.read():
             try:
-                accepted = self._accept_frame(slot, worker, frame)
-            except _wire.MalformedFrame as exc:
-                reader.error = f"a {frame.kind.name} frame that is not a reply ({exc})"
-                break
-            if not accepted:
-                reader.error = f"unexpected {frame.kind.name} frame for task {frame.task_id}"
-                break
-        if reader.error:
-            logger.error("%s: worker pid %d sent %s; killing it", self.name, worker.pid,
-                         reader.error)
-            self._perform(self._machine.worker_misbehaved(slot))
+                actions = self._frame_arrived(slot, worker, frame)
+            except _frames.MalformedFrame as exc:
+                actions = self._machine.worker_misbehaved(
+                    slot, f"a {frame.kind.name} frame that is not a reply ({exc})")
+            self._perform(actions)
+            if worker.misbehaved:
+                return
+        if worker.reader.error:  # after those frames, bytes that are not a frame
+            self._perform(self._machine.worker_misbehaved(slot, worker.reader.error))
 
-    def _accept_frame(self, slot: int, worker: WorkerHandle, frame: Frame) -> bool:
-        """Act on one frame; False if the frame makes no sense in the slot's state.
-        Raises MalformedFrame (before acting) if its body is not what its kind promises."""
-        machine_slot = self._machine.slots[slot]
+    def _frame_arrived(self, slot: int, worker: WorkerHandle, frame: Frame
+                       ) -> list[_actions.Action]:
+        """Tell the machine what the frame says, decoded here, where it arrived. Raises
+        MalformedFrame (before telling anything) if its body is not what its kind says."""
         if frame.kind is Kind.READY:
-            if machine_slot.state is not _state.SlotState.STARTING:
-                return machine_slot.state is _state.SlotState.STOPPING
-            self._perform(self._machine.worker_ready(
-                slot, pipelining=worker.reclaim_fd is not None))
-        elif frame.kind is Kind.INIT_FAILED:
-            worker.start_error = _wire.decode_exception(frame.body)
+            return self._machine.worker_ready(slot, pipelining=worker.reclaim_fd is not None)
+        if frame.kind is Kind.INIT_FAILED:
+            worker.start_error = _pickling.decode_exception(frame.body)
             self._decoded_errors.append(worker.start_error)
-        elif frame.kind is Kind.OVER_MEMORY:
+            return []
+        if frame.kind is Kind.OVER_MEMORY:
             if len(frame.body) != 8:
-                raise _wire.MalformedFrame(f"{len(frame.body)} bytes, not 8")
+                raise _frames.MalformedFrame(f"{len(frame.body)} bytes, not 8")
             logger.info("%s: worker pid %d uses %d bytes, above max_memory_per_child; "
                         "replacing it after this task", self.name, worker.pid,
                         int.from_bytes(frame.body, "big"))
-            self._perform(self._machine.worker_over_memory(slot))
-        else:
-            in_flight = machine_slot.in_flight
-            if not in_flight or in_flight[0] != frame.task_id:
-                return False
-            outcome = self._tasks[frame.task_id].outcome = _wire.decode_outcome(frame)
-            worker.tasks_run += 1
-            if not outcome[0]:
-                self._decoded_errors.append(outcome[1])
-            self._perform(self._machine.task_replied(slot, frame.task_id))
-        return True
+            return self._machine.worker_over_memory(slot)
+        outcome = _pickling.decode_outcome(frame)
+        worker.tasks_run += 1
+        if not outcome[0]:
+            self._decoded_errors.append(outcome[1])
+        return self._machine.task_replied(slot, frame.task_id, outcome)
 
     def _worker_gone(self, slot: int, worker: WorkerHandle) -> None:
-        ended = worker.finish()
+        exited = worker.finish()
         del self._workers[slot]
         self._publish_processes()
-        if ended.exitcode is None:
+        if exited.exitcode is None:
             logger.error("%s: worker pid %d exited but could not be reaped", self.name,
-                         ended.pid)
+                         exited.pid)
             self._abandoned.append(worker)
-        if ended.group_left:  # SIGKILLed with the worker; they may take a moment to go
-            self._lingering[ended.pid] = time.monotonic() + self._timeouts.kill
-        running = self._machine.slots[slot].in_flight
-        state = self._machine.slots[slot].state
-        if state is not _state.SlotState.STOPPING:  # it ended without being asked to
-            self._counters.worker_died(ended.exitcode)
-        if state is _state.SlotState.STARTING:
-            self._start_failures.worker_ended(worker.start_error, ended)
-        elif not running and state is not _state.SlotState.STOPPING:
+        if exited.group_left:  # SIGKILLed with the worker; they may take a moment to go
+            self._lingering[exited.pid] = time.monotonic() + self._timeouts.kill
+        self._perform(self._machine.worker_exited(
+            slot, unread_bytes=exited.unread_task_bytes, exited=exited))
+
+    def _departed(self, action: _actions.WorkerGone) -> None:
+        """Count and log a worker's exit as the machine says it left."""
+        exited: Exit = action.exited
+        if action.departure is _actions.Departure.ASKED:
+            return  # the pool was ending it: not a death
+        self._counters.worker_died(exited.exitcode)
+        if action.departure is _actions.Departure.AT_START:
+            self._start_failures.worker_ended(exited.start_error, exited)
+        elif action.departure is _actions.Departure.IDLE:
             logger.warning("%s: idle worker pid %d died (%s); replacing it", self.name,
-                           ended.pid, describe_exit(ended.exitcode))
-        self._slot_emptied(slot, ended)
-
-    def _slot_emptied(self, slot: int, ended: Exit) -> None:
-        """Tell the machine the slot's worker is gone (or given up on), with how many of
-        its last tasks it never read."""
-        unstarted = self._count_unstarted(slot, ended.unread_task_bytes)
-        self._perform(self._machine.worker_exited(slot, unstarted=unstarted), death=ended)
-
-    def _count_unstarted(self, slot: int, unread: int) -> int:
-        """How many of the tasks last sent to a dead worker it never read at all.
-
-        A worker can die just after sending a reply, when the dispatcher has already
-        written it the next task: bytes left in its task pipe prove that task never ran.
-        A frame it read in part counts as started: a worker unpickles a large call as it
-        reads it, so user code (reducers) may have run, perhaps the code that killed it;
-        sent again, it would kill worker after worker.
-        """
-        count, later_frames = 0, 0
-        for task_id in reversed(self._machine.slots[slot].in_flight):
-            later_frames += _wire.HEADER.size + _wire.size_of(self._tasks[task_id].body)
-            if unread < later_frames:
-                break
-            count += 1
-        return count
+                           exited.pid, describe_exit(exited.exitcode))
 
     # -- actions -------------------------------------------------------------------------------
 
-    def _perform(self, actions: list[_state.Action], death: Exit | None = None) -> None:
-        """Carry out actions in order; ``death`` describes the worker whose exit produced
-        them, for the actions that fail its running task."""
+    def _perform(self, actions: list[_actions.Action]) -> None:
+        """Carry out actions in order (and those they lead to, after them)."""
         work = list(actions)
         while work:
-            action = work.pop(0)
-            if isinstance(action, (_state.FailDied, _state.FailTimedOut,
-                                   _state.FailTerminated)):
-                assert death is not None
-                record = self._tasks.pop(action.task_id)
-                error = failure(action, death, record.info)
-                if isinstance(error, WorkerDied):
-                    self._log_death(error)
-                self._count_end(record, Outcome.FAILED if isinstance(action, _state.FailDied)
-                                else Outcome.TIMED_OUT
-                                if isinstance(action, _state.FailTimedOut) else Outcome.STOPPED)
-                resolve(record.future, None, error)
-            else:
-                work += self._perform_one(action)
+            work += self._perform_one(work.pop(0))
 
     def _log_death(self, error: WorkerDied) -> None:
         """One WARNING per worker that died while running a task (the caller may never
         look at the future: a fire-and-forget submit), with the facts in ``extra`` for
-        structured handlers. (An idle worker's death is logged in ``_worker_gone``; a
+        structured handlers. (An idle worker's death is logged in ``_departed``; a
         timeout or a stop, which the pool itself caused, is not a death to warn of.)"""
         logger.warning(
             "%s: worker pid %d died (%s) while running %s; that task failed with "
@@ -583,47 +538,63 @@ class Dispatcher:
         while it ran ends cancelled, whatever came back, so it counts as stopped."""
         self._counters.ended(Outcome.STOPPED if record.future._stop_requested else outcome)
 
-    def _perform_one(self, action: _state.Action) -> list[_state.Action]:
-        if isinstance(action, _state.Send):
+    def _perform_one(self, action: _actions.Action) -> list[_actions.Action]:
+        if isinstance(action, _actions.Send):
             return self._send(action.slot, self._tasks[action.task_id])
-        if isinstance(action, _state.Resolve):
+        if isinstance(action, _actions.Resolve):
             record = self._tasks.pop(action.task_id)
-            assert record.outcome is not None
-            ok, value = record.outcome
+            ok, value = action.outcome
             self._count_end(record, Outcome.COMPLETED if ok else Outcome.FAILED)
             resolve(record.future, value if ok else None, None if ok else value)
-        elif isinstance(action, _state.FailMisbehaved):
+        elif isinstance(action, (_actions.FailDied, _actions.FailTimedOut,
+                                 _actions.FailTerminated)):
+            record = self._tasks.pop(action.task_id)
+            error = failure(action, action.exited, record.info)
+            if isinstance(error, WorkerDied):
+                self._log_death(error)
+            self._count_end(record, Outcome.FAILED if isinstance(action, _actions.FailDied)
+                            else Outcome.TIMED_OUT
+                            if isinstance(action, _actions.FailTimedOut) else Outcome.STOPPED)
+            resolve(record.future, None, error)
+        elif isinstance(action, _actions.WorkerGone):
+            self._departed(action)
+        elif isinstance(action, _actions.Misbehaved):
+            worker = self._workers[action.slot]
+            worker.misbehaved = action.reason
+            logger.error("%s: worker pid %d sent %s; killing it", self.name, worker.pid,
+                         action.reason)
+        elif isinstance(action, _actions.FailMisbehaved):
             record = self._tasks.pop(action.task_id)
             pid = self._workers[action.slot].pid
             self._count_end(record, Outcome.FAILED)
             resolve(record.future, None, WorkerProtocolError(
                 f"worker pid {pid} sent bytes that are not a reply while running "
-                f"{record.info.describe()}: {self._workers[action.slot].reader.error}"))
-        elif isinstance(action, _state.FailBroken):
+                f"{record.info.describe()}: {action.reason}"))
+        elif isinstance(action, _actions.FailBroken):
             record = self._tasks.pop(action.task_id)
             self._count_end(record, Outcome.FAILED)
             resolve(record.future, None, self._start_failures.error(_state.MAX_START_FAILURES))
-        elif isinstance(action, (_state.Cancel, _state.Stopped)):
+        elif isinstance(action, (_actions.Cancel, _actions.Stopped)):
             # Ends cancelled even if it was already marked running: a task taken back
             # from a worker's pipe unread, then cancelled by shutdown or a stop.
             record = self._tasks.pop(action.task_id)
-            ran = isinstance(action, _state.Stopped) and action.ran
+            ran = isinstance(action, _actions.Stopped) and action.ran
             self._counters.ended(Outcome.STOPPED if ran else Outcome.CANCELLED)
             record.future._end_cancelled()
-        elif isinstance(action, _state.Spawn):
+        elif isinstance(action, _actions.Spawn):
             return self._spawn(action.slot)
-        elif isinstance(action, _state.Reclaim):
+        elif isinstance(action, _actions.Reclaim):
             taken_back = self._workers[action.slot].reclaim()
             return self._machine.tasks_reclaimed(action.slot, taken_back)
-        elif isinstance(action, _state.Stop):
+        elif isinstance(action, _actions.AskToExit):
             self._workers[action.slot].close_task_pipe()
-        elif isinstance(action, _state.Signal):
+        elif isinstance(action, _actions.Signal):
             self._workers[action.slot].signal(action.signum)
-        elif isinstance(action, _state.DumpStack):
+        elif isinstance(action, _actions.DumpStack):
             self._workers[action.slot].dump_stack()
-        elif isinstance(action, _state.Unreaped):
+        elif isinstance(action, _actions.Unreaped):
             self._abandon(action.slot)
-        elif isinstance(action, _state.Broken):
+        elif isinstance(action, _actions.Broken):
             with self._lock:
                 self.broken_error = self._start_failures.error(_state.MAX_START_FAILURES)
         else:
@@ -637,18 +608,20 @@ class Dispatcher:
         self._publish_processes()
         logger.error("%s: worker pid %d is still alive %g s after SIGKILL; giving up on it "
                      "(its slot gets a new worker)", self.name, worker.pid, self._timeouts.kill)
-        ended = worker.abandon()
+        exited = worker.abandon()
         self._abandoned.append(worker)
-        self._slot_emptied(slot, ended)
+        self._perform(self._machine.worker_exited(
+            slot, unread_bytes=exited.unread_task_bytes, exited=exited))
 
-    def _send(self, slot: int, record: TaskRecord) -> list[_state.Action]:
+    def _send(self, slot: int, record: TaskRecord) -> list[_actions.Action]:
         if not record.marked_running:
             if not record.future.set_running_or_notify_cancel():
                 self._counters.ended(Outcome.CANCELLED)
                 self._tasks.pop(record.info.task_id)
                 return self._machine.task_cancelled(slot, record.info.task_id)
             record.marked_running = True
-        self._workers[slot].send(record.info.task_id, record.body)  # written by flush_sends
+        self._workers[slot].send(record.info.task_id, record.body,  # written by flush_sends
+                                 record.frame_bytes)
         return []
 
     def flush_sends(self) -> None:
@@ -669,7 +642,7 @@ class Dispatcher:
         if self._wakeup is not None:
             self._wakeup.wake()
 
-    def _spawn(self, slot: int) -> list[_state.Action]:
+    def _spawn(self, slot: int) -> list[_actions.Action]:
         assert self._lifeline is not None
         inherited = None
         if self._fork:  # a forked child holds copies of everything: say what to close
@@ -696,15 +669,13 @@ class Dispatcher:
         now = time.monotonic()
         workers = []
         for slot, worker in sorted(self._workers.items()):
-            in_flight = self._machine.slots[slot].in_flight
-            task_id = in_flight[0] if in_flight and not self._failed else None
+            task_id = None if self._failed else self._machine.running_task(slot)
             started = None if task_id is None else self._machine.started_at(task_id)
             workers.append(WorkerStats(
                 pid=worker.pid, tasks_run=worker.tasks_run,
                 current_task=None if task_id is None else self._tasks[task_id].info,
                 running_for=None if started is None else now - started, rss=None))
-        running = 0 if self._failed else sum(1 for slot in self._machine.slots
-                                             if slot.in_flight)
+        running = 0 if self._failed else self._machine.running_count()
         self.stats = self._counters.snapshot(queued + sent - running, running, tuple(workers))
 
     def _publish_processes(self) -> None:

@@ -15,13 +15,12 @@ import os
 import signal
 import sys
 import threading
-import time
 import weakref
 from concurrent.futures import Executor
 from types import TracebackType
 from typing import Any, AsyncGenerator, Callable, Iterable, Iterator, ParamSpec, TypeVar
 
-from . import _aio, _mapping, _wire
+from . import _aio, _mapping, _pickling
 from ._dispatcher import Dispatcher
 from ._errors import ArgumentPicklingError
 from ._main_guard import check_main_is_guarded, check_not_daemonic, remember_main_script
@@ -130,7 +129,7 @@ class ProcessPool(Executor):
         if initializer is not None:
             # Checked here, so that a bad initializer or initargs fail in the constructor,
             # not in every worker; see Initializer for how they travel.
-            initializer_setup = Initializer(_wire.dumps_callable(initializer),
+            initializer_setup = Initializer(_pickling.dumps_callable(initializer),
                                            prepare_initargs(tuple(initargs), mp_context))
         self._max_workers = max_workers
         self._mp_context = mp_context
@@ -177,8 +176,8 @@ class ProcessPool(Executor):
         if not self._main_checked:
             self._check_first_use()
         try:
-            body = _wire.encode_call(_wire.dumps_callable(fn),
-                                     _wire.dumps_arguments(fn, args, kwargs))
+            body = _pickling.encode_call(_pickling.dumps_callable(fn),
+                                     _pickling.dumps_arguments(fn, args, kwargs))
         except ArgumentPicklingError as exc:
             return failed(exc)
         return self._dispatcher.submit(fn, args, kwargs, body, timeout)

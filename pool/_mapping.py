@@ -20,14 +20,14 @@ import time
 from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Iterator
 
-from . import _wire
+from . import _frames, _pickling
 from ._errors import ArgumentPicklingError
 from ._futures import PoolFuture, failed
 from ._outcomes import fresh
 from ._progress import Progress
 
 # Submits one encoded call: (the user's function, its argument tuple, the encoded call).
-SubmitEncoded = Callable[[Callable[..., Any], tuple[Any, ...], _wire.Buffers], PoolFuture[Any]]
+SubmitEncoded = Callable[[Callable[..., Any], tuple[Any, ...], _frames.Buffers], PoolFuture[Any]]
 SubmitBatch = Callable[[tuple[Any, ...]], PoolFuture[Any]]
 
 
@@ -65,7 +65,7 @@ def calls(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...], chunksiz
         runner = functools.partial(process_chunk, fn)
         batches = ((chunk,) for chunk in _batched(batches, chunksize))
     try:
-        fn_blob = _wire.dumps_callable(runner)
+        fn_blob = _pickling.dumps_callable(runner)
     except ArgumentPicklingError as exc:
         fn_error: ArgumentPicklingError | None = exc
     else:
@@ -76,7 +76,7 @@ def calls(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...], chunksiz
         if fn_error is not None:
             return failed(fresh(fn_error))  # one instance per future, as the stdlib
         try:
-            body = _wire.encode_call(fn_blob, _wire.dumps_arguments(fn, args, {}))
+            body = _pickling.encode_call(fn_blob, _pickling.dumps_arguments(fn, args, {}))
         except ArgumentPicklingError as exc:
             return failed(exc)
         return submit(fn, args, body)

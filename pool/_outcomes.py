@@ -31,17 +31,17 @@ class StartFailures:
         self._last = ""
         self._cause: BaseException | None = None
 
-    def worker_ended(self, start_error: BaseException | None, ended: Exit) -> None:
+    def worker_ended(self, start_error: BaseException | None, exited: Exit) -> None:
         """A worker ended before it was ready (``start_error``: what its initializer raised)."""
         if start_error is not None:
             text = getattr(start_error, "remote_traceback", None) or "".join(
                 traceback.format_exception(start_error))
             self._last = f"the initializer raised:\n{text.rstrip()}"
         else:
-            self._last = (f"worker pid {ended.pid} ended while starting "
-                          f"({describe_exit(ended.exitcode)})")
-            if ended.crash_report:
-                self._last += f"\nCrash report:\n{ended.crash_report}"
+            self._last = (f"worker pid {exited.pid} ended while starting "
+                          f"({describe_exit(exited.exitcode)})")
+            if exited.crash_report:
+                self._last += f"\nCrash report:\n{exited.crash_report}"
         self._cause = start_error
         logger.warning("%s: worker failed to start: %s", self._pool_name, self._last)
 
@@ -76,13 +76,13 @@ def resolve(future: PoolFuture[Any], result: Any, exception: BaseException | Non
 
 
 def failure(action: _actions.FailDied | _actions.FailTimedOut | _actions.FailTerminated,
-            death: Exit, info: TaskInfo) -> BaseException:
+            exited: Exit, info: TaskInfo) -> BaseException:
     """The error for a task whose worker ended while running it."""
     if isinstance(action, _actions.FailTimedOut):
-        return TaskTimeout(action.timeout, death.pid, info, death.crash_report)
+        return TaskTimeout(action.timeout, exited.pid, info, exited.crash_report)
     if isinstance(action, _actions.FailTerminated):
-        return WorkerTerminated(death.pid, death.exitcode, info)
-    return WorkerDied(death.pid, death.exitcode, info, death.crash_report)
+        return WorkerTerminated(exited.pid, exited.exitcode, info)
+    return WorkerDied(exited.pid, exited.exitcode, info, exited.crash_report)
 
 
 def fresh(error: BaseException) -> BaseException:

@@ -103,7 +103,8 @@ class Timeouts:
 @dataclass(slots=True)
 class Task:
     task_id: int
-    pipelinable: bool
+    frame_bytes: int                # its CALL frame, header included (what it costs a pipe)
+    pipelinable: bool               # small enough to be sent ahead, behind a running task
     timeout: float | None = None
     state: TaskState = TaskState.QUEUED
     deadline: float | None = None   # set when it starts RUNNING, if it has a timeout

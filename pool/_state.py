@@ -19,7 +19,13 @@ Guarantees:
   stop, and its slot is refilled only when queued work needs it (not at once);
 - every task ends in exactly one of DONE, FAILED or CANCELLED, and every slot ends EMPTY
   or UNUSED before the machine reports ``closed``;
-- an impossible transition raises ``InvalidTransition`` at once (an internal error).
+- it is the only authority on the protocol: a worker's frame out of turn (a reply for a
+  task it is not running, a READY once ready) is the worker misbehaving, answered like
+  garbage on the wire (``Misbehaved``, its running task ``FailMisbehaved``, a kill); an
+  exit first says how the worker left (``WorkerGone``: asked, at start, idle, running), and
+  which of its tasks never started follows from each task's frame size, told once at submit;
+- an impossible transition raises ``InvalidTransition`` at once (an internal error: the
+  pool's own bug, never a worker's).
 """
 
 from __future__ import annotations
@@ -29,21 +35,14 @@ import signal
 from collections import deque
 from typing import Callable
 
-from ._actions import (Action, Broken, Cancel, DumpStack, FailBroken, FailDied, FailMisbehaved,
-                       FailTerminated, FailTimedOut, Reclaim, Resolve, Send, Signal, Spawn,
-                       Stop, Stopped, Unreaped)
+from ._actions import (Action, AskToExit, Broken, Cancel, Departure, DumpStack, FailBroken,
+                       FailDied, FailMisbehaved, FailTerminated, FailTimedOut, Misbehaved,
+                       Reclaim, Resolve, Send, Signal, Spawn, Stopped, Unreaped, WorkerGone)
 from ._records import (SLOT_TRANSITIONS, TASK_TRANSITIONS, Ending, Escalation,
                        InvalidTransition, Phase, Slot, SlotState, Task, TaskQueue, TaskState,
                        Timeouts)
 
-__all__ = [
-    "TaskState", "SlotState", "Phase", "Escalation", "Ending", "InvalidTransition",
-    "StateMachine", "Timeouts", "Spawn", "Send", "Resolve", "FailDied", "FailMisbehaved",
-    "RECLAIM_AFTER_SECONDS",
-    "FailBroken", "FailTimedOut", "FailTerminated", "Cancel", "Stopped", "Reclaim", "Stop",
-    "Signal",
-    "DumpStack", "Broken", "Unreaped", "Action", "MAX_START_FAILURES",
-]
+__all__ = ["StateMachine", "MAX_START_FAILURES", "RECLAIM_AFTER_SECONDS", "SHORT_TASK_SECONDS"]
 
 # Small tasks are queued behind the running one on a worker (so that it never waits for the
 # round trip) only while that worker's last task ran shorter than this.
@@ -71,8 +70,11 @@ class StateMachine:
 
     def __init__(self, max_workers: int, clock: Callable[[], float], *,
                  max_tasks_per_child: int | None = None, pipeline_depth: int = 1,
-                 timeouts: Timeouts = Timeouts(), idle_timeout: float | None = None) -> None:
-        assert max_workers >= 1 and pipeline_depth >= 1
+                 pipeline_max_frame: int = 4096, timeouts: Timeouts = Timeouts(),
+                 idle_timeout: float | None = None) -> None:
+        """``pipeline_max_frame``: the largest frame (header included) that may be sent
+        ahead, behind a running task (``_limits.PIPELINE_MAX_FRAME`` in the pool)."""
+        assert max_workers >= 1 and pipeline_depth >= 1 and pipeline_max_frame > 0
         assert idle_timeout is None or idle_timeout > 0
         self._clock = clock
         self.slots = [Slot(i) for i in range(max_workers)]
@@ -84,6 +86,7 @@ class StateMachine:
         self._queue = TaskQueue(self._tasks)
         self._max_tasks = max_tasks_per_child
         self._depth = pipeline_depth
+        self._ahead_max_frame = pipeline_max_frame
         self._timeouts = timeouts
         self._idle_timeout = idle_timeout
         # How many slots are in each state: lets _schedule, which runs on every event,
@@ -109,6 +112,15 @@ class StateMachine:
         """When a task started RUNNING (the machine's clock); None if it has not, or ended."""
         task = self._tasks.get(task_id)
         return None if task is None or task.state is not TaskState.RUNNING else task.started
+
+    def running_task(self, index: int) -> int | None:
+        """The task the slot's worker is running (the first sent to it), if any."""
+        in_flight = self.slots[index].in_flight
+        return in_flight[0] if in_flight else None
+
+    def running_count(self) -> int:
+        """How many slots are running a task."""
+        return sum(1 for slot in self.slots if slot.in_flight)
 
     def census(self) -> tuple[int, int]:
         """``(queued, sent)``: tasks waiting for a worker, and tasks a worker holds."""
@@ -173,16 +185,18 @@ class StateMachine:
 
     # -- events -----------------------------------------------------------------------------
 
-    def submit(self, task_id: int, *, pipelinable: bool = False,
-               timeout: float | None = None, schedule: bool = True) -> list[Action]:
-        """A new task. ``schedule=False`` only queues it, for a burst of submissions that
-        ends with one ``schedule()`` (sending them task by task would cost a pass over the
-        slots for each)."""
+    def submit(self, task_id: int, *, frame_bytes: int, timeout: float | None = None,
+               schedule: bool = True) -> list[Action]:
+        """A new task whose CALL frame is ``frame_bytes`` long (header included): that
+        decides whether it may be sent ahead, behind a running task, and how much of a dead
+        worker's pipe it fills. ``schedule=False`` only queues it, for a burst of
+        submissions that ends with one ``schedule()`` (sending them task by task would cost
+        a pass over the slots for each)."""
         if self.phase is not Phase.OPEN:
             raise InvalidTransition(f"submit while {self.phase.name}")
         if task_id in self._tasks:
             raise InvalidTransition(f"task {task_id} submitted twice")
-        task = Task(task_id, pipelinable, timeout)
+        task = Task(task_id, frame_bytes, frame_bytes <= self._ahead_max_frame, timeout)
         self._tasks[task_id] = task
         if self.broken:
             self._move_task(task, TaskState.FAILED)
@@ -196,10 +210,13 @@ class StateMachine:
 
     def worker_ready(self, index: int, *, pipelining: bool = True) -> list[Action]:
         """The worker is up. ``pipelining``: its pipe can hold tasks queued behind the
-        running one, and give them back (``Reclaim``)."""
+        running one, and give them back (``Reclaim``). A READY from a worker that has
+        already said it is misbehaving."""
         slot = self.slots[index]
         if slot.state is SlotState.STOPPING:
             return []  # stopped while starting; it will exit at end of file
+        if slot.state in _RUNNING_STATES:  # it said so before
+            return self.worker_misbehaved(index, "a READY frame from a worker already ready")
         slot.pipelining = pipelining
         self._move_slot(slot, SlotState.READY)
         return self._schedule()
@@ -212,12 +229,13 @@ class StateMachine:
             self._move_slot(slot, SlotState.RETIRING)
         return self._schedule()
 
-    def task_replied(self, index: int, task_id: int) -> list[Action]:
-        """A reply arrived. Raises InvalidTransition if it is not for the running task."""
+    def task_replied(self, index: int, task_id: int, outcome: object = None) -> list[Action]:
+        """A reply arrived (``outcome``, opaque here, travels in ``Resolve``). A reply for
+        any task but the one running is the worker breaking the protocol."""
         slot = self.slots[index]
         if not slot.in_flight or slot.in_flight[0] != task_id:
-            raise InvalidTransition(
-                f"slot {index} replied for task {task_id}, running {list(slot.in_flight)[:1]}")
+            return self.worker_misbehaved(
+                index, f"a reply for task {task_id}, which it was not running")
         slot.in_flight.popleft()
         task = self._tasks[task_id]
         if task.started is not None:
@@ -226,7 +244,7 @@ class StateMachine:
             slot.idle_since = self._clock()
         self._move_task(task, TaskState.DONE)
         self.start_failures = 0
-        actions: list[Action] = [Resolve(task_id)]
+        actions: list[Action] = [Resolve(task_id, outcome)]
         if slot.ending in (Ending.TIMED_OUT, Ending.STOPPED):
             # It finished just as it was being ended: its reply wins (a stop still makes its
             # future cancelled); the worker goes anyway.
@@ -271,34 +289,60 @@ class StateMachine:
             return slot, self._start_running(slot, self._tasks[slot.in_flight[0]])
         return slot, []
 
-    def worker_misbehaved(self, index: int) -> list[Action]:
-        """The worker sent garbage: fail its running task, requeue the rest, kill it."""
+    def worker_misbehaved(self, index: int, reason: str = "") -> list[Action]:
+        """The worker sent garbage (``reason`` says what): fail its running task, requeue
+        the rest, kill it."""
         slot = self.slots[index]
-        actions: list[Action] = []
+        actions: list[Action] = [Misbehaved(index, reason)]
         if slot.in_flight:
             running = slot.in_flight.popleft()
             self._move_task(self._tasks[running], TaskState.FAILED)
-            actions.append(FailMisbehaved(running, index))
+            actions.append(FailMisbehaved(running, index, reason))
         actions += self._requeue_in_flight(slot)
         return actions + self._kill(slot) + self._schedule()
 
     def spawn_failed(self, index: int) -> list[Action]:
         """Starting the process raised in the parent: counts as a failed start."""
-        return self.worker_exited(index)
+        return self._emptied(self.slots[index], 0, None)
 
-    def worker_exited(self, index: int, *, unstarted: int = 0) -> list[Action]:
+    def worker_exited(self, index: int, *, unread_bytes: int = 0,
+                      exited: object = None) -> list[Action]:
         """The slot's process is gone (and its last replies were already delivered), or it
-        was given up on after SIGKILL's grace.
+        was given up on after SIGKILL's grace. ``exited`` (opaque here) is what is known of
+        it; it travels in the actions that report it.
 
-        ``unstarted``: how many of the last tasks sent to it were still wholly unread in
-        its pipe, so certainly never started: they are requeued, even the first.
+        ``unread_bytes``: how much of what was written to its task pipe it never read. The
+        last tasks sent whose frames lie wholly in those bytes certainly never started:
+        they are requeued, even the first. A frame read in part counts as started: a worker
+        unpickles a large call as it reads it, so user code (reducers) may have run, perhaps
+        the code that killed it; sent again, it would kill worker after worker.
         """
         slot = self.slots[index]
+        if slot.state is SlotState.STOPPING:
+            departure = Departure.ASKED
+        elif slot.state is SlotState.STARTING:
+            departure = Departure.AT_START
+        else:
+            departure = Departure.RUNNING if slot.in_flight else Departure.IDLE
+        gone: list[Action] = [WorkerGone(index, departure, exited)]
+        return gone + self._emptied(slot, unread_bytes, exited)
+
+    def _unstarted(self, slot: Slot, unread_bytes: int) -> int:
+        """How many of the last tasks sent to the slot lie wholly in its unread bytes."""
+        count, later_frames = 0, 0
+        for task_id in reversed(slot.in_flight):
+            later_frames += self._tasks[task_id].frame_bytes
+            if unread_bytes < later_frames:
+                break
+            count += 1
+        return count
+
+    def _emptied(self, slot: Slot, unread_bytes: int, exited: object) -> list[Action]:
         actions: list[Action] = []
         if slot.state is SlotState.STARTING:
             self.start_failures += 1
-        if slot.in_flight and unstarted < len(slot.in_flight):
-            actions.append(self._end_running_task(slot))
+        if slot.in_flight and self._unstarted(slot, unread_bytes) < len(slot.in_flight):
+            actions.append(self._end_running_task(slot, exited))
         actions += self._requeue_in_flight(slot)
         self._move_slot(slot, SlotState.EMPTY)
         if not self.broken and self.start_failures >= MAX_START_FAILURES:
@@ -320,6 +364,10 @@ class StateMachine:
             # already read it, it is stopped when it starts).
             task.stop_requested = True
             return [Reclaim(next(s for s in self.slots if task_id in s.in_flight).index)]
+        # Running: its worker is killed. If it dies before it has read the call (the frame
+        # still wholly in its pipe), the task never started, but it is not sent again:
+        # its caller stopped it (``_requeue`` cancels it).
+        task.stop_requested = True
         slot = next(s for s in self.slots if s.in_flight and s.in_flight[0] == task_id)
         return self._stop_running(slot)
 
@@ -453,7 +501,7 @@ class StateMachine:
     def _quota_used(self, slot: Slot) -> bool:
         return self._max_tasks is not None and slot.assigned_count >= self._max_tasks
 
-    def _end_running_task(self, slot: Slot) -> Action:
+    def _end_running_task(self, slot: Slot, exited: object) -> Action:
         """The slot's worker is gone: its running task ends as the slot's ``ending`` says."""
         task = self._tasks[slot.in_flight.popleft()]
         if slot.ending is Ending.STOPPED:
@@ -462,10 +510,10 @@ class StateMachine:
         self._move_task(task, TaskState.FAILED)
         if slot.ending is Ending.TIMED_OUT:
             assert task.timeout is not None
-            return FailTimedOut(task.task_id, slot.index, task.timeout)
+            return FailTimedOut(task.task_id, slot.index, task.timeout, exited)
         if slot.ending is Ending.TERMINATED:
-            return FailTerminated(task.task_id, slot.index)
-        return FailDied(task.task_id, slot.index)
+            return FailTerminated(task.task_id, slot.index, exited)
+        return FailDied(task.task_id, slot.index, exited)
 
     def _requeue_in_flight(self, slot: Slot) -> list[Action]:
         task_ids = list(slot.in_flight)
@@ -622,7 +670,7 @@ class StateMachine:
                  Escalation.KILLED: self._timeouts.kill}.get(step)
         slot.deadline = None if grace is None else self._clock() + grace
         if step is Escalation.ASKED:
-            return Stop(slot.index)
+            return AskToExit(slot.index)
         if step is Escalation.DUMPING:
             return DumpStack(slot.index)
         if step is Escalation.TERMINATED:

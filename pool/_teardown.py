@@ -1,8 +1,8 @@
 """Ending worker processes, and reading what a dead one left behind.
 
 Owns: nothing; functions the dispatcher (through ``WorkerHandle``) calls on the processes it
-owns: signalling a worker and its group, reaping, closing descriptors, the crash-report
-file, and how much of a task pipe was never read.
+owns: signalling a worker and its group, reaping, closing descriptors, and the crash-report
+file. (How much of a task pipe was never read is ``_pipes.unread_bytes``.)
 Runs in: the dispatcher thread (and its firewall, when the pool is failing).
 Guarantees: signals go to the worker and to its whole process group, so processes a task
 started end with it; a process group is signalled only while its leader is unreaped (a
@@ -11,13 +11,10 @@ zombie still holds its pid), so an id the kernel recycled is never hit.
 
 from __future__ import annotations
 
-import array
 import errno
-import fcntl
 import multiprocessing.process
 import os
 import tempfile
-import termios
 from typing import Any
 
 _CRASH_REPORT_LIMIT = 64 * 1024
@@ -63,19 +60,6 @@ def live_group_members(pgid: int) -> list[int]:
         if fields[0] != b"Z" and int(fields[2]) == pgid:
             members.append(int(entry))
     return members
-
-
-def unread_bytes(fd: int) -> int:
-    """Bytes written into a pipe that its reader has not taken (0 where unknown).
-
-    Linux answers FIONREAD on either end of a pipe, even after the reader has exited.
-    """
-    try:
-        count = array.array("i", [0])
-        fcntl.ioctl(fd, termios.FIONREAD, count, True)
-        return count[0]
-    except OSError:
-        return 0
 
 
 def read_crash_report(fd: int) -> str | None:

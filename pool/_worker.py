@@ -40,9 +40,9 @@ import cloudpickle
 from multiprocessing import context as _context
 from multiprocessing import reduction
 
-from . import _exit, _wire
+from . import _exit, _frames, _pickling, _pipes
 from ._errors import ArgumentUnpicklingError, argument_pickling_error
-from ._wire import Kind
+from ._frames import Kind
 
 # The reply pipe of this worker and the id of the task it runs, for tests that must write
 # into that pipe themselves (garbage, or a reply followed by a death).
@@ -91,7 +91,7 @@ class Initializer:
     __slots__ = ("function", "args")
 
     def __init__(self, function: bytes, args: tuple[Any, ...]) -> None:
-        self.function = function  # _wire.dumps_callable(initializer)
+        self.function = function  # _pickling.dumps_callable(initializer)
         self.args = args          # see prepare_initargs
 
     def call(self) -> None:
@@ -217,7 +217,7 @@ def worker_main(setup: WorkerSetup) -> None:
 
     if setup.initializer is not None and not _run_initializer(setup.initializer, reply_fd):
         sys.exit(3)
-    _wire.write_frame(reply_fd, Kind.READY, 0)
+    _frames.write_frame(reply_fd, Kind.READY, 0)
     try:
         _serve(task_fd, reply_fd, setup.max_tasks, setup.max_memory)
     except BrokenPipeError:
@@ -262,7 +262,7 @@ def _run_initializer(initializer: Initializer, reply_fd: int) -> bool:
         # put on that logger see it; the parent also gets it, with its frames.
         logging.getLogger("concurrent.futures").critical("Exception in initializer:",
                                                          exc_info=exc)
-        _wire.write_frame(reply_fd, Kind.INIT_FAILED, 0, _wire.encode_exception(exc))
+        _frames.write_frame(reply_fd, Kind.INIT_FAILED, 0, _pickling.encode_exception(exc))
         return False
     return True
 
@@ -296,8 +296,8 @@ def _serve(task_fd: int, reply_fd: int, max_tasks: int | None, max_memory: int |
     functions = _FunctionCache()
     memory = _ResidentMemory() if max_memory is not None else None
     completed = 0
-    stream = _wire.FrameStream(task_fd)
-    room = _wire.PipeRoom(reply_fd)
+    stream = _frames.FrameStream(task_fd)
+    room = _pipes.PipeRoom(reply_fd)
     while max_tasks is None or completed < max_tasks:
         frame = stream.next()
         if frame is None:
@@ -309,10 +309,10 @@ def _serve(task_fd: int, reply_fd: int, max_tasks: int | None, max_memory: int |
         if memory is not None and max_memory is not None:
             resident = memory.bytes()
             if resident > max_memory:  # before the reply, so no further task is sent
-                _wire.write_frame(reply_fd, Kind.OVER_MEMORY, _current_task_id,
+                _frames.write_frame(reply_fd, Kind.OVER_MEMORY, _current_task_id,
                                   resident.to_bytes(8, "big"))
-        room.fit(_wire.size_of(body))
-        _wire.write_frame(reply_fd, kind, _current_task_id, body)
+        room.fit(_frames.size_of(body))
+        _frames.write_frame(reply_fd, kind, _current_task_id, body)
         del body
         completed += 1
 
@@ -334,29 +334,29 @@ class _ResidentMemory:
         return peak if sys.platform == "darwin" else peak * 1024
 
 
-def _run_call(functions: _FunctionCache, body: Any) -> tuple[Kind, bytes | _wire.Buffers]:
+def _run_call(functions: _FunctionCache, body: Any) -> tuple[Kind, bytes | _frames.Buffers]:
     try:
         try:
-            fn_blob, args_source = _wire.decode_call(body)
+            fn_blob, args_source = _pickling.decode_call(body)
             fn = functions.get(fn_blob)
-            args, kwargs = _wire.load_arguments(args_source)
+            args, kwargs = _pickling.load_arguments(args_source)
         finally:
-            if isinstance(body, _wire.BodyReader):
+            if isinstance(body, _frames.BodyReader):
                 body.skip_rest()  # whatever happened, the next frame starts after this one
     except BaseException as exc:
         # A BrokenProcessPool, as the stdlib raises here (where the worker dies); the
         # worker's own error, with its frames, is the cause.
         error = ArgumentUnpicklingError(
             f"the worker (pid {os.getpid()}) could not unpickle the task's function or "
-            f"arguments: {type(exc).__name__}: {_wire.safe_str(exc)}")
+            f"arguments: {type(exc).__name__}: {_pickling.safe_str(exc)}")
         error.__cause__ = exc
-        return Kind.RAISED, _wire.encode_exception(error)
+        return Kind.RAISED, _pickling.encode_exception(error)
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:
         _drop_own_frame(exc)
-        return Kind.RAISED, _wire.encode_exception(exc)
-    return _wire.encode_result(value)
+        return Kind.RAISED, _pickling.encode_exception(exc)
+    return _pickling.encode_result(value)
 
 
 def _drop_own_frame(exc: BaseException) -> None:

@@ -27,21 +27,14 @@ import signal
 import threading
 from typing import Any, Callable, NamedTuple
 
-from . import _teardown, _wire
-from ._wire import Frame, FrameReader, Kind
+from . import _frames, _limits, _pipes, _teardown
+from ._frames import Frame, FrameReader, Kind
 from ._worker import DUMP_SIGNAL, InheritedFd, Initializer, WorkerSetup, worker_main
 
 # How long a worker whose sentinel fired may take to become reapable: the sentinel can
 # report the exit a moment before the kernel lets the process be reaped.
 _REAP_SECONDS = 5.0
 
-# Frames larger than this are written by a thread of their own. Smaller ones are written by
-# the dispatcher: they are sent only to a worker with nothing else in its pipe (or, one
-# packet each, behind small ones), so they always fit and the write never blocks.
-BACKGROUND_FRAME_BYTES = 32 << 10
-# A task pipe smaller than this (the user is over pipe-user-pages-soft) gets no packets
-# queued behind the running one: they might not fit.
-_PACKET_PIPE_BYTES = 64 << 10
 # How long the release of a dead worker waits for the thread writing it a frame to see
 # that (at once, unless another process holds the pipe's read end).
 _WRITER_JOIN_SECONDS = 1.0
@@ -54,6 +47,7 @@ class Exit(NamedTuple):
     crash_report: str | None
     unread_task_bytes: int        # written to its task pipe, never read by it
     group_left: tuple[int, ...] = ()  # processes of its group still running after its reap
+    start_error: BaseException | None = None  # what its initializer raised, if it said
 
 
 class _FrameWriter:
@@ -62,21 +56,21 @@ class _FrameWriter:
     than as 4 KiB packets). The dispatcher collects it (``done``) before writing again, so
     the pipe is back in packet mode before the next frame."""
 
-    def __init__(self, fd: int, task_id: int, body: _wire.Buffers, packets: bool,
-                 on_done: Callable[[], None]) -> None:
+    def __init__(self, fd: int, task_id: int, body: _frames.Buffers, frame_bytes: int,
+                 packets: bool, on_done: Callable[[], None]) -> None:
         self.task_id = task_id
-        body_bytes = _wire.size_of(body)
-        self.unwritten = _wire.HEADER.size + body_bytes
+        body_bytes = frame_bytes - _frames.HEADER.size
+        self.unwritten = frame_bytes
         self.failed = False
         self.done = False
         self._fd: int | None = os.dup(fd)
         self._packets = packets
-        self._parts = [_wire.HEADER.pack(_wire.MAGIC, Kind.CALL, task_id, body_bytes), *body]
+        self._parts = [_frames.HEADER.pack(_frames.MAGIC, Kind.CALL, task_id, body_bytes), *body]
         self._on_done = on_done
         self._thread = threading.Thread(target=self._run, name=f"pool-writer-{task_id}",
                                         daemon=True)
         if packets:
-            _wire.set_packet_mode(self._fd, False)
+            _pipes.set_packet_mode(self._fd, False)
         self._thread.start()
 
     @property
@@ -88,14 +82,14 @@ class _FrameWriter:
         parts, fd = self._parts, self._fd
         assert fd is not None
         try:
-            _wire._write_all(fd, parts)
+            _frames.write_all(fd, parts)
         except OSError:
             self.failed = True  # the worker is gone (or closed its end): it never got it all
         finally:
             self.unwritten = sum(map(len, parts))
             self._parts = []
             if self._packets:
-                _wire.set_packet_mode(fd, True)
+                _pipes.set_packet_mode(fd, True)
             self._fd = None
             _teardown.close_fds(fd)
             self.done = True
@@ -124,8 +118,14 @@ class WorkerHandle:
         self.crash_fd = crash_fd
         self.start_error: BaseException | None = None  # from an INIT_FAILED frame
         self.tasks_run = 0  # replies received: tasks it finished (for stats)
-        self.outbox: list[tuple[int, _wire.Buffers]] = []  # CALL frames queued this turn
-        self.room = _wire.PipeRoom(task_fd)
+        self.outbox: list[tuple[int, _frames.Buffers]] = []  # CALL frames queued this turn
+        self._outbox_bytes = 0  # their size, headers included
+        # Why the state machine called this worker misbehaving (then nothing more is read
+        # from it); None while it keeps to the protocol.
+        self.misbehaved: str | None = None
+        self.room = _pipes.PipeRoom(task_fd)
+        # (See _limits, rule 3: no larger than this pipe, if it is a small one.)
+        self._background_above = _limits.background_above(_pipes.pipe_capacity(task_fd))
         self.writer: _FrameWriter | None = None  # writing a large frame, in a thread
         self._on_write_done = on_write_done
 
@@ -138,9 +138,9 @@ class WorkerHandle:
         ``on_write_done`` is called (from another thread) when a large frame is written."""
         task_r, task_w = os.pipe()
         reclaim_fd = None
-        if (_wire.pipe_capacity(task_w) or 0) >= _PACKET_PIPE_BYTES:
-            reclaim_fd = _wire.second_reader(task_r)
-            if reclaim_fd is not None and not _wire.set_packet_mode(task_w, True):
+        if (_pipes.pipe_capacity(task_w) or 0) >= _limits.PACKET_PIPE_BYTES:
+            reclaim_fd = _pipes.second_reader(task_r)
+            if reclaim_fd is not None and not _pipes.set_packet_mode(task_w, True):
                 _teardown.close_fds(reclaim_fd)
                 reclaim_fd = None
         reply_r, reply_w = os.pipe()
@@ -173,10 +173,12 @@ class WorkerHandle:
         fds = [fd for fd in (self.task_fd, self.reclaim_fd) if fd is not None]
         return fds + (self.writer.fds if self.writer is not None else [])
 
-    def send(self, task_id: int, body: _wire.Buffers) -> None:
-        """Queue one CALL frame; ``flush`` writes what was queued."""
+    def send(self, task_id: int, body: _frames.Buffers, frame_bytes: int) -> None:
+        """Queue one CALL frame (``frame_bytes`` long, header included); ``flush`` writes
+        what was queued."""
         assert self.task_fd is not None, "sending to a worker asked to stop"
         self.outbox.append((task_id, body))
+        self._outbox_bytes += frame_bytes
 
     def flush(self) -> list[int]:
         """Write the queued frames; returns the ids of those that could not be written
@@ -185,21 +187,21 @@ class WorkerHandle:
         if not self.outbox or self.writer is not None:
             return []
         frames, self.outbox = self.outbox, []
+        size, self._outbox_bytes = self._outbox_bytes, 0
         assert self.task_fd is not None
-        size = sum(_wire.HEADER.size + _wire.size_of(body) for _, body in frames)
         self.room.fit(size)
-        if size > BACKGROUND_FRAME_BYTES:
+        if size > self._background_above:
             # Sent only to a worker with nothing else in flight, so it is alone.
             assert len(frames) == 1, "a large frame with others behind it"
-            self.writer = _FrameWriter(self.task_fd, *frames[0], self.reclaim_fd is not None,
-                                       self._on_write_done)
+            self.writer = _FrameWriter(self.task_fd, *frames[0], size,
+                                       self.reclaim_fd is not None, self._on_write_done)
             return []
         if self.reclaim_fd is None:
-            written = _wire.write_frames(self.task_fd, Kind.CALL, frames)
+            written = _frames.write_frames(self.task_fd, Kind.CALL, frames)
         else:  # one write per frame: one packet each
             written = 0
             for frame in frames:
-                if _wire.write_frames(self.task_fd, Kind.CALL, [frame]) == 0:
+                if _frames.write_frames(self.task_fd, Kind.CALL, [frame]) == 0:
                     break
                 written += 1
         return [task_id for task_id, _ in frames[written:]]
@@ -219,9 +221,9 @@ class WorkerHandle:
         ids in the order they were sent."""
         taken = []
         if self.reclaim_fd is not None and self.writer is None:
-            taken = [task_id for _, task_id in _wire.read_packets(self.reclaim_fd)]
+            taken = [task_id for _, task_id in _pipes.read_packets(self.reclaim_fd)]
         taken += [task_id for task_id, _ in self.outbox]
-        self.outbox = []
+        self.outbox, self._outbox_bytes = [], 0
         return taken
 
     def read(self) -> list[Frame]:
@@ -233,7 +235,7 @@ class WorkerHandle:
     @property
     def watch_replies(self) -> bool:
         # At end of file the pipe would be readable forever: stop watching it.
-        return not (self.reader.eof or self.reader.error)
+        return not (self.reader.eof or self.reader.error or self.misbehaved)
 
     def close_task_pipe(self) -> None:
         """Ask the worker to stop: it exits when it reads end of file."""
@@ -275,7 +277,7 @@ class WorkerHandle:
         return False
 
     def _release(self, exitcode: int | None, group_left: tuple[int, ...]) -> Exit:
-        unread = _teardown.unread_bytes(self.task_fd) if self.task_fd is not None else 0
+        unread = _pipes.unread_bytes(self.task_fd) if self.task_fd is not None else 0
         if self.writer is not None:
             # With our read end closed too, no reader is left: the thread sees EPIPE.
             if self.reclaim_fd is not None:
@@ -284,9 +286,9 @@ class WorkerHandle:
             writer, self.writer = self.writer, None
             unread += writer.unwritten if writer.join(_WRITER_JOIN_SECONDS) else 1
         # Frames still queued were never written: as good as unread (they come last).
-        unread += sum(_wire.HEADER.size + _wire.size_of(body) for _, body in self.outbox)
-        self.outbox = []
+        unread += self._outbox_bytes
+        self.outbox, self._outbox_bytes = [], 0
         crash_report = _teardown.read_crash_report(self.crash_fd)
         self.close_task_pipe()
         _teardown.close_fds(self.reader.fd, self.crash_fd)
-        return Exit(self.pid, exitcode, crash_report, unread, group_left)
+        return Exit(self.pid, exitcode, crash_report, unread, group_left, self.start_error)

@@ -170,8 +170,8 @@ def return_lambda():
 
 def reply_then_die(value):
     """Send this task's own reply, then die: the reply must win over the death."""
-    from pool import _wire, _worker
-    _wire.write_frame(_worker._reply_fd, _wire.Kind.RESULT, _worker._current_task_id,
+    from pool import _frames, _worker
+    _frames.write_frame(_worker._reply_fd, _frames.Kind.RESULT, _worker._current_task_id,
                       pickle.dumps(value))
     os._exit(0)
 
@@ -184,8 +184,8 @@ def write_garbage():
 
 def write_partial_then_hang(pid_file):
     """Half a reply frame, then silence: the dispatcher must not block reading it."""
-    from pool import _wire, _worker
-    header = _wire.HEADER.pack(_wire.MAGIC, _wire.Kind.RESULT, _worker._current_task_id, 1000)
+    from pool import _frames, _worker
+    header = _frames.HEADER.pack(_frames.MAGIC, _frames.Kind.RESULT, _worker._current_task_id, 1000)
     os.write(_worker._reply_fd, header + b"x" * 10)
     with open(pid_file + ".tmp", "w") as f:
         f.write(str(os.getpid()))
@@ -288,9 +288,9 @@ def byte_sum(data):
 
 def write_corrupt_raised_frame():
     """A well-formed header with a body that is not the pool's envelope."""
-    from pool import _wire, _worker
+    from pool import _frames, _worker
     body = b"\x80\x05not a pickle at all"
-    os.write(_worker._reply_fd, _wire.HEADER.pack(_wire.MAGIC, _wire.Kind.RAISED,
+    os.write(_worker._reply_fd, _frames.HEADER.pack(_frames.MAGIC, _frames.Kind.RAISED,
                                                   _worker._current_task_id, len(body)) + body)
     time.sleep(30)
 

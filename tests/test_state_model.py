@@ -2,8 +2,10 @@
 
 A small simulated dispatcher owns fake worker processes and feeds the machine every event
 a real one could produce, in random order: submissions (some with timeouts), READY,
-replies, deaths (with tasks left unread), tasks taken back from a pipe, cancellations and
-failed writes discovered at send time, garbage, over-memory reports, stop requests, shutdown, terminate / kill, and the
+replies (some out of turn: for a task not running, a second READY), deaths (with some of
+the bytes last written left unread, down to part of a frame), tasks taken back from a pipe,
+cancellations and failed writes discovered at send time, garbage, over-memory reports, stop
+requests, shutdown, terminate / kill, and the
 passing of time (which fires timeouts, idle stops and escalation; a process given up on is dropped, as
 the dispatcher does). Whatever happens, the machine must accept it, end every task
 exactly once, and close once everything is done.
@@ -18,7 +20,8 @@ import signal
 import pytest
 
 from pool import _actions as act
-from pool._state import InvalidTransition, SlotState, StateMachine, TaskState, Timeouts
+from pool._records import InvalidTransition, SlotState, TaskState, Timeouts
+from pool._state import StateMachine
 
 
 class Clock:
@@ -41,6 +44,7 @@ class World:
         self.alive: dict[int, dict] = {}     # slot -> fake process: {"ready": bool}
         self.ended: dict[int, str] = {}      # task id -> how it ended
         self.next_task = 1
+        self.frame_bytes: dict[int, int] = {}  # task id -> the size of its CALL frame
         self.shut = False
         self.unscheduled = False  # the last event queued a task without scheduling
 
@@ -66,7 +70,7 @@ class World:
                                      act.FailBroken, act.Cancel, act.Stopped,
                                      act.FailTimedOut, act.FailTerminated)):
                 self.end(action.task_id, type(action).__name__)
-            elif isinstance(action, (act.Stop, act.Signal, act.DumpStack)):
+            elif isinstance(action, (act.AskToExit, act.Signal, act.DumpStack)):
                 assert action.slot in self.alive, f"{action} for a slot with no process"
             elif isinstance(action, act.Reclaim):
                 # The worker reads its pipe while the parent takes tasks back: any of them
@@ -81,7 +85,7 @@ class World:
                 assert action.slot in self.alive
                 del self.alive[action.slot]  # the dispatcher abandons it and says so
                 work += self.machine.worker_exited(action.slot)
-            elif isinstance(action, act.Broken):
+            elif isinstance(action, (act.Broken, act.WorkerGone, act.Misbehaved)):
                 pass
             else:
                 raise AssertionError(action)
@@ -100,6 +104,9 @@ class World:
         choices += ["ready"] * len(starting) * 2 + ["reply"] * len(busy) * 3
         choices += ["die"] * (1 if self.alive and rng.random() < 0.2 else 0)
         choices += ["garbage"] * (1 if busy and rng.random() < 0.05 else 0)
+        ready = [s for s in self.alive if self.alive[s]["ready"]
+                 and m.slots[s].state in (SlotState.READY, SlotState.RETIRING)]
+        choices += ["out of turn"] * (1 if (busy or ready) and rng.random() < 0.05 else 0)
         choices += ["memory"] * (1 if busy and rng.random() < 0.05 else 0)
         choices += ["stop"] * (1 if self.next_task > 1 and rng.random() < 0.1 else 0)
         choices += ["cancel"] * (1 if self.next_task > 1 and rng.random() < 0.1 else 0)
@@ -113,7 +120,9 @@ class World:
             timeout = rng.choice([None, None, 0.5, 3])
             burst = rng.random() < 0.3  # queued now, scheduled by the next event
             self.unscheduled = burst
-            self.perform(m.submit(task_id, pipelinable=rng.random() < 0.7, timeout=timeout,
+            frame_bytes = rng.choice([60, 200, 4096]) if rng.random() < 0.7 else 70_000
+            self.frame_bytes[task_id] = frame_bytes
+            self.perform(m.submit(task_id, frame_bytes=frame_bytes, timeout=timeout,
                                   schedule=not burst))
         elif choice == "shutdown":
             self.shut = True
@@ -128,7 +137,15 @@ class World:
         elif choice == "die":
             self.die(rng.choice(list(self.alive)))
         elif choice == "garbage":
-            self.perform(m.worker_misbehaved(rng.choice(busy)))
+            self.perform(m.worker_misbehaved(rng.choice(busy), "garbage"))
+        elif choice == "out of turn":  # the machine, not the dispatcher, must see it
+            if busy and (not ready or rng.random() < 0.5):
+                slot = rng.choice(busy)
+                wrong = rng.choice([t for t in range(1, self.next_task + 1)
+                                    if t != m.slots[slot].in_flight[0]])
+                self.perform(m.task_replied(slot, wrong, (True, None)))
+            else:
+                self.perform(m.worker_ready(rng.choice(ready)))
         elif choice == "memory":
             self.perform(m.worker_over_memory(rng.choice(busy)))
         elif choice == "stop":  # any task, perhaps one that has ended already
@@ -147,9 +164,11 @@ class World:
 
     def die(self, slot):
         del self.alive[slot]
-        in_flight = len(self.machine.slots[slot].in_flight)
-        unstarted = self.rng.randint(0, in_flight) if in_flight else 0
-        self.perform(self.machine.worker_exited(slot, unstarted=unstarted))
+        # Any suffix of what was written to it may be unread, to the byte: whole frames
+        # (those never started), and part of the one it was reading (started).
+        written = sum(self.frame_bytes[t] for t in self.machine.slots[slot].in_flight)
+        unread = self.rng.randint(0, written) if written else 0
+        self.perform(self.machine.worker_exited(slot, unread_bytes=unread, exited=object()))
 
     def finish(self):
         """Shut down and let every worker behave until the machine closes."""

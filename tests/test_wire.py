@@ -1,4 +1,5 @@
-"""Frames and pickling, in one process: the reader never blocks and never trusts garbage."""
+"""The wire: frames (``_frames``), pipe mechanics (``_pipes``) and pickling (``_pickling``), in
+one process: the reader never blocks and never trusts garbage."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pool
 import tasks
-from pool import _wire
-from pool._wire import Frame, FrameReader, Kind
+from pool import _frames, _pickling, _pipes
+from pool._frames import Frame, FrameReader, Kind
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def pipe():
 
 
 def frame_bytes(kind, task_id, body):
-    return _wire.HEADER.pack(_wire.MAGIC, kind, task_id, len(body)) + body
+    return _frames.HEADER.pack(_frames.MAGIC, kind, task_id, len(body)) + body
 
 
 def test_frames_split_at_every_byte_are_reassembled(pipe):
@@ -46,7 +47,7 @@ def test_frames_split_at_every_byte_are_reassembled(pipe):
 def test_a_large_body_is_read_into_its_own_buffer_without_blocking(pipe):
     read_end, write_end = pipe
     body = os.urandom(3 * 1024 * 1024)
-    writer = threading.Thread(target=_wire.write_frame, args=(write_end, Kind.RESULT, 1, body))
+    writer = threading.Thread(target=_frames.write_frame, args=(write_end, Kind.RESULT, 1, body))
     writer.start()
     reader = FrameReader(read_end)
     frames = []
@@ -85,24 +86,24 @@ def test_a_call_frame_from_a_worker_is_garbage(pipe):
 def test_blocking_frame_stream_round_trip(pipe):
     read_end, write_end = pipe
     os.set_blocking(read_end, True)
-    _wire.write_frame(write_end, Kind.CALL, 3, _wire.encode_call(b"fn", [b"args"]))
-    stream = _wire.FrameStream(read_end)
+    _frames.write_frame(write_end, Kind.CALL, 3, _pickling.encode_call(b"fn", [b"args"]))
+    stream = _frames.FrameStream(read_end)
     frame = stream.next()
     assert frame.kind is Kind.CALL and frame.task_id == 3
-    fn_blob, args_blob = _wire.decode_call(frame.body)
+    fn_blob, args_blob = _pickling.decode_call(frame.body)
     assert (bytes(fn_blob), bytes(args_blob)) == (b"fn", b"args")
     os.close(write_end)
     assert stream.next() is None
 
 
 def test_importable_functions_go_by_reference_and_lambdas_by_value():
-    assert pickle.loads(_wire.dumps_callable(tasks.square)) is tasks.square
-    assert b"cloudpickle" not in _wire.dumps_callable(tasks.square)
-    assert pickle.loads(_wire.dumps_callable(lambda: 5))() == 5
+    assert pickle.loads(_pickling.dumps_callable(tasks.square)) is tasks.square
+    assert b"cloudpickle" not in _pickling.dumps_callable(tasks.square)
+    assert pickle.loads(_pickling.dumps_callable(lambda: 5))() == 5
 
 
 def test_by_value_functions_keep_their_file_name():
-    fn = pickle.loads(_wire.dumps_callable(lambda: 1 / 0))
+    fn = pickle.loads(_pickling.dumps_callable(lambda: 1 / 0))
     assert fn.__code__.co_filename == __file__
 
 
@@ -110,15 +111,15 @@ def test_exceptions_travel_with_frames_and_chain():
     try:
         tasks.raise_chained()
     except RuntimeError as exc:
-        error = _wire.decode_exception(_wire.encode_exception(exc))
+        error = _pickling.decode_exception(_pickling.encode_exception(exc))
     assert type(error) is RuntimeError and type(error.__context__) is FileNotFoundError
     assert error.__traceback__ is not None
 
 
 def test_an_unsendable_result_raises_the_pickling_error_itself():
-    kind, body = _wire.encode_result(threading.Lock())
+    kind, body = _pickling.encode_result(threading.Lock())
     assert kind is Kind.RAISED
-    ok, error = _wire.decode_outcome(Frame(kind, 1, b"".join(body)))
+    ok, error = _pickling.decode_outcome(Frame(kind, 1, b"".join(body)))
     assert not ok and type(error) is TypeError and "pickle" in str(error)  # as the stdlib
     assert any("return value, a lock" in note for note in error.__notes__)
 
@@ -127,7 +128,7 @@ def test_an_exception_that_cannot_be_pickled_sends_the_pickling_error_with_the_o
     try:
         tasks.raise_unpicklable()
     except Exception as exc:
-        error = _wire.decode_exception(_wire.encode_exception(exc))
+        error = _pickling.decode_exception(_pickling.encode_exception(exc))
     assert type(error) is TypeError and "pickle" in str(error)
     assert isinstance(error.__cause__, pool.RemoteTaskError)
     assert error.__cause__.type_name == "tasks.Unpicklable"
@@ -139,7 +140,7 @@ def test_a_result_that_fails_to_unpickle_is_a_broken_process_pool_with_its_cause
         def __reduce__(self):
             return tasks._rebuild_fails_in_parent, (-1, ())
 
-    ok, error = _wire.decode_outcome(Frame(Kind.RESULT, 1, pickle.dumps(FromAnotherProcess())))
+    ok, error = _pickling.decode_outcome(Frame(Kind.RESULT, 1, pickle.dumps(FromAnotherProcess())))
     assert not ok and isinstance(error, pool.ResultTransferError)
     assert isinstance(error, BrokenProcessPool) and error.__cause__ is not None
 
@@ -148,13 +149,13 @@ def test_a_result_that_fails_to_unpickle_is_a_broken_process_pool_with_its_cause
                                         (Kind.RAISED, pickle.dumps(("too", "short"))),
                                         (Kind.READY, b"")])
 def test_a_body_that_is_not_the_envelope_is_malformed(kind, body):
-    with pytest.raises(_wire.MalformedFrame):
-        _wire.decode_outcome(Frame(kind, 1, body))
+    with pytest.raises(_frames.MalformedFrame):
+        _pickling.decode_outcome(Frame(kind, 1, body))
 
 
 def test_a_frame_too_large_for_memory_is_an_error_not_a_crash(pipe):
     read_end, write_end = pipe
-    os.write(write_end, _wire.HEADER.pack(_wire.MAGIC, Kind.RESULT, 1, _wire.MAX_BODY) + b"x")
+    os.write(write_end, _frames.HEADER.pack(_frames.MAGIC, Kind.RESULT, 1, _frames.MAX_BODY) + b"x")
     reader = FrameReader(read_end)
     assert reader.read_available() == []
     assert "more than memory" in reader.error
@@ -164,15 +165,15 @@ def test_write_frames_writes_them_all_and_the_stream_reads_them_back():
     read_fd, write_fd = os.pipe()
     try:
         frames = [(1, [b"a" * 10]), (2, []), (3, [b"c" * 100, b"d" * 200])]
-        assert _wire.write_frames(write_fd, Kind.CALL, frames) == 3
+        assert _frames.write_frames(write_fd, Kind.CALL, frames) == 3
         big = bytes(range(256)) * 1024  # larger than one read: left in the pipe, as a file
-        writer = threading.Thread(target=_wire.write_frames,
+        writer = threading.Thread(target=_frames.write_frames,
                                   args=(write_fd, Kind.CALL, [(4, [big]), (5, [b"after"])]))
         writer.start()
-        stream = _wire.FrameStream(read_fd)
+        stream = _frames.FrameStream(read_fd)
         got = [(f.task_id, bytes(f.body)) for f in (stream.next() for _ in range(3))]
         large = stream.next()
-        assert isinstance(large.body, _wire.BodyReader) and large.task_id == 4
+        assert isinstance(large.body, _frames.BodyReader) and large.task_id == 4
         assert large.body.read(10) == big[:10] and large.body.read() == big[10:]
         assert bytes(stream.next().body) == b"after"
         writer.join(10)
@@ -187,7 +188,7 @@ def test_write_frames_reports_how_many_reached_a_reader_that_went_away():
     read_fd, write_fd = os.pipe()
     os.close(read_fd)
     try:
-        assert _wire.write_frames(write_fd, Kind.CALL, [(1, [b"x"]), (2, [b"y"])]) == 0
+        assert _frames.write_frames(write_fd, Kind.CALL, [(1, [b"x"]), (2, [b"y"])]) == 0
     finally:
         os.close(write_fd)
 
@@ -198,16 +199,16 @@ def test_the_stream_refuses_a_truncated_header():
     os.close(write_fd)
     try:
         with pytest.raises(EOFError):
-            _wire.FrameStream(read_fd).next()
+            _frames.FrameStream(read_fd).next()
     finally:
         os.close(read_fd)
 
 
 def test_a_large_bytes_argument_is_pickled_without_a_copy_and_a_bytearray_as_it_was():
     big = os.urandom(1 << 20)
-    assert any(part is big for part in _wire.dumps_arguments(len, (big,), {}))
+    assert any(part is big for part in _pickling.dumps_arguments(len, (big,), {}))
     mutable = bytearray(1 << 20)
-    parts = _wire.dumps_arguments(len, (mutable,), {})
+    parts = _pickling.dumps_arguments(len, (mutable,), {})
     mutable[:4] = b"late"  # after submit: the task must still get what was submitted
     (sent,), _ = pickle.loads(b"".join(parts))
     assert sent == bytearray(1 << 20)
@@ -215,29 +216,29 @@ def test_a_large_bytes_argument_is_pickled_without_a_copy_and_a_bytearray_as_it_
 
 def test_a_large_result_is_written_from_the_object_itself():
     big = os.urandom(1 << 20)
-    kind, parts = _wire.encode_result([big, "x"])
+    kind, parts = _pickling.encode_result([big, "x"])
     assert kind is Kind.RESULT and any(part is big for part in parts)
     # A buffer of wider items is written as flat bytes (writev and the frame length agree).
     wide = pickle.PickleBuffer(__import__("array").array("i", range(1 << 18)))
-    kind, parts = _wire.encode_result(wide)
-    assert _wire.size_of(parts) == len(b"".join(parts)) > (1 << 20)
+    kind, parts = _pickling.encode_result(wide)
+    assert _frames.size_of(parts) == len(b"".join(parts)) > (1 << 20)
     assert bytes(pickle.loads(b"".join(parts))) == bytes(wide.raw())
 
 
 def test_a_large_call_is_unpickled_from_the_pipe_and_the_next_frame_follows_it():
     read_fd, write_fd = os.pipe()
     big = os.urandom(3 << 20)
-    calls = [_wire.encode_call(_wire.dumps_callable(len), _wire.dumps_arguments(len, a, {}))
+    calls = [_pickling.encode_call(_pickling.dumps_callable(len), _pickling.dumps_arguments(len, a, {}))
              for a in [(big,), ("small",)]]
-    writer = threading.Thread(target=_wire.write_frames,
+    writer = threading.Thread(target=_frames.write_frames,
                               args=(write_fd, Kind.CALL, list(enumerate(calls))))
     writer.start()
     try:
-        stream = _wire.FrameStream(read_fd)
+        stream = _frames.FrameStream(read_fd)
         loaded = []
         for _ in calls:
-            fn_blob, source = _wire.decode_call(stream.next().body)
-            loaded.append((pickle.loads(fn_blob), _wire.load_arguments(source)))
+            fn_blob, source = _pickling.decode_call(stream.next().body)
+            loaded.append((pickle.loads(fn_blob), _pickling.load_arguments(source)))
         assert loaded == [(len, ((big,), {})), (len, (("small",), {}))]
     finally:
         writer.join(10)
@@ -255,15 +256,15 @@ def test_a_large_call_that_fails_to_unpickle_is_skipped_to_its_end():
     read_fd, write_fd = os.pipe()
     # Unpickling stops at the middle argument, with a megabyte of the body still unread.
     bad = (os.urandom(1 << 20), FailsToUnpickle(), os.urandom(1 << 20))
-    calls = [(1, _wire.encode_call(_wire.dumps_callable(len), _wire.dumps_arguments(len, bad, {}))),
-             (2, _wire.encode_call(_wire.dumps_callable(len), _wire.dumps_arguments(len, ("ok",), {})))]
-    writer = threading.Thread(target=_wire.write_frames, args=(write_fd, Kind.CALL, calls))
+    calls = [(1, _pickling.encode_call(_pickling.dumps_callable(len), _pickling.dumps_arguments(len, bad, {}))),
+             (2, _pickling.encode_call(_pickling.dumps_callable(len), _pickling.dumps_arguments(len, ("ok",), {})))]
+    writer = threading.Thread(target=_frames.write_frames, args=(write_fd, Kind.CALL, calls))
     writer.start()
     try:
-        stream = _wire.FrameStream(read_fd)
+        stream = _frames.FrameStream(read_fd)
         functions = _worker._FunctionCache()
         kind, body = _worker._run_call(functions, stream.next().body)
-        assert kind is Kind.RAISED and "fails-to-unpickle" in str(_wire.decode_exception(body))
+        assert kind is Kind.RAISED and "fails-to-unpickle" in str(_pickling.decode_exception(body))
         kind, body = _worker._run_call(functions, stream.next().body)
         assert (kind, pickle.loads(b"".join(body))) == (Kind.RESULT, 2)
     finally:
@@ -272,36 +273,36 @@ def test_a_large_call_that_fails_to_unpickle_is_skipped_to_its_end():
         os.close(write_fd)
 
 
-@pytest.mark.skipif(_wire._SETPIPE is None, reason="pipe sizes can be set on Linux only")
+@pytest.mark.skipif(_pipes._SETPIPE is None, reason="pipe sizes can be set on Linux only")
 def test_a_pipe_grows_for_a_large_frame_and_shrinks_back_before_a_small_one(pipe):
     import fcntl
     read_end, write_end = pipe
     usual = fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ)
-    room = _wire.PipeRoom(write_end)
+    room = _pipes.PipeRoom(write_end)
     room.fit(100)
     assert fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ) == usual
     room.fit(1 << 20)
-    assert fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ) == _wire.PipeRoom.ROOM
+    assert fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ) == _pipes.PipeRoom.ROOM
     os.write(write_end, b"x" * (usual + 1))  # the reader is behind: cannot shrink yet
     room.fit(100)
-    assert fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ) == _wire.PipeRoom.ROOM
+    assert fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ) == _pipes.PipeRoom.ROOM
     os.read(read_end, usual + 1)
     room.fit(100)
     assert fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ) == usual
 
 
-@pytest.mark.skipif(_wire._SETPIPE is None, reason="packet-mode pipes are Linux only")
+@pytest.mark.skipif(_pipes._SETPIPE is None, reason="packet-mode pipes are Linux only")
 def test_a_second_reader_takes_back_whole_frames_the_first_has_not_read():
     read_fd, write_fd = os.pipe()
-    thief = _wire.second_reader(read_fd)
+    thief = _pipes.second_reader(read_fd)
     try:
-        assert thief is not None and _wire.set_packet_mode(write_fd, True)
+        assert thief is not None and _pipes.set_packet_mode(write_fd, True)
         for task_id in (1, 2, 3):  # one write, so one packet, per frame
-            _wire.write_frames(write_fd, Kind.CALL, [(task_id, [b"x" * 100 * task_id])])
-        stream = _wire.FrameStream(read_fd)
+            _frames.write_frames(write_fd, Kind.CALL, [(task_id, [b"x" * 100 * task_id])])
+        stream = _frames.FrameStream(read_fd)
         assert stream.next().task_id == 1  # the worker reads one frame, not what follows
-        assert _wire.read_packets(thief) == [(Kind.CALL, 2), (Kind.CALL, 3)]
-        assert _wire.read_packets(thief) == []  # empty: never blocks
+        assert _pipes.read_packets(thief) == [(Kind.CALL, 2), (Kind.CALL, 3)]
+        assert _pipes.read_packets(thief) == []  # empty: never blocks
         assert os.get_blocking(read_fd)  # the worker's end is left blocking
     finally:
         for fd in (read_fd, write_fd, thief):
@@ -313,13 +314,13 @@ class PicklesACallWhilePickled:
     """A user ``__reduce__`` that itself pickles a call (so the kept pickler is busy)."""
 
     def __reduce__(self):
-        inner = b"".join(_wire.dumps_arguments(len, ("inner",), {}))
+        inner = b"".join(_pickling.dumps_arguments(len, ("inner",), {}))
         return pickle.loads, (inner,)
 
 
 def test_pickling_a_call_inside_a_reducer_and_after_a_failure_still_works():
-    outer = b"".join(_wire.dumps_arguments(len, (PicklesACallWhilePickled(), 2), {}))
+    outer = b"".join(_pickling.dumps_arguments(len, (PicklesACallWhilePickled(), 2), {}))
     assert pickle.loads(outer) == (((("inner",), {}), 2), {})
     with pytest.raises(pool.ArgumentPicklingError):
-        _wire.dumps_arguments(len, (threading.Lock(),), {})
-    assert pickle.loads(b"".join(_wire.dumps_arguments(len, (1,), {"k": 2}))) == ((1,), {"k": 2})
+        _pickling.dumps_arguments(len, (threading.Lock(),), {})
+    assert pickle.loads(b"".join(_pickling.dumps_arguments(len, (1,), {"k": 2}))) == ((1,), {"k": 2})

@@ -258,24 +258,6 @@ def test_removing_the_plugin_puts_threads_back_at_once_and_lets_running_tasks_fi
     assert facts["pool_gone"]  # once its task was done, the removed pool ended
 
 
-def test_a_worker_closing_while_a_removed_pool_still_runs_ends_that_pool(tmp_path):
-    facts = run("""
-    with cluster() as c, Client(c) as client:
-        client.register_plugin(ProcessPoolPlugin())
-        running = client.submit(bystander, 0, "never", pure=False)
-        wait_for(HERE / "bystander-0")
-        pool_pid = int((HERE / "bystander-0").read_text())
-        client.unregister_worker_plugin("pool-executor-default")
-        client.close()
-        c.close()
-        report(pool_gone=not psutil.pid_exists(pool_pid) or
-                         psutil.Process(pool_pid).status() == "zombie")
-    """, tmp_path, timeout=60)
-    assert facts["pool_gone"]
-    # The worker closed by itself, not by its nanny's kill after a timeout.
-    assert "still alive after" not in facts["stderr"], facts["stderr"][-4000:]
-
-
 def test_registering_again_replaces_the_pool_without_waiting_for_its_tasks(tmp_path):
     facts = run("""
     with cluster() as c, Client(c) as client:
@@ -436,22 +418,26 @@ def test_the_readme_example_runs_as_written(tmp_path):
     assert wait_until(lambda: not session_members(proc.pid), 15)
 
 
-def test_closing_the_cluster_mid_task_ends_the_task_and_every_process(tmp_path):
+@pytest.mark.parametrize("removed", [False, True], ids=["installed", "removed first"])
+def test_closing_the_cluster_mid_task_ends_the_task_and_every_process(tmp_path, removed):
     """A dask worker that closes while its pool runs a task: dask has given the task up,
-    so its process is terminated, and the close does not wait for the task's 60 s."""
-    facts = run("""
+    so its process is terminated, and the close does not wait for the task's 60 s. The
+    same for the pool of a plugin removed just before (it was finishing its task)."""
+    facts = run(f"REMOVED = {removed}\n" + textwrap.dedent("""
     with cluster() as c, Client(c) as client:
         client.register_plugin(ProcessPoolPlugin())
         running = client.submit(bystander, 0, "never", pure=False)
         wait_for(HERE / "bystander-0")
         pool_pid = int((HERE / "bystander-0").read_text())
+        if REMOVED:
+            client.unregister_worker_plugin("pool-executor-default")
         started = time.monotonic()
         client.close()
         c.close()
         report(pool_pid=pool_pid, close_seconds=time.monotonic() - started,
                pool_gone=not psutil.pid_exists(pool_pid) or
                          psutil.Process(pool_pid).status() == "zombie")
-    """, tmp_path, timeout=60)
+    """), tmp_path, timeout=60)
     assert facts["pool_gone"], facts
     assert facts["close_seconds"] < 30, facts  # (a hang check: the task would run 60 s)
     # The worker closed by itself, not by its nanny's kill after a timeout.

@@ -1,0 +1,285 @@
+"""Frames: the wire format between the parent and a worker, and reading and writing it.
+
+Owns: the frame layout, the blocking writers (the dispatcher's writes and the worker's
+replies), the worker's blocking ``FrameStream`` and the dispatcher's non-blocking
+``FrameReader``.
+Runs in: the dispatcher thread (``FrameReader``, writes), its large-frame writer threads
+(``write_all``) and the worker (``FrameStream``, ``write_frame``).
+Guarantees: the parent never blocks reading a worker (``FrameReader`` only reads what is
+there); bytes that are not a frame are reported as an error, never trusted, and a length
+header is never believed beyond the machine's memory.
+Assumes: each pipe has one writer (the worker or the dispatcher), so frames never interleave.
+
+A frame is a fixed header -- magic, kind, task id, body length -- and then the body::
+
+    b"\\xb7P" | kind: u8 | task_id: u64 | length: u64 | body (length bytes)
+"""
+
+from __future__ import annotations
+
+import enum
+import mmap
+import os
+import struct
+from typing import Any, NamedTuple
+
+MAGIC = b"\xb7P"
+HEADER = struct.Struct("!2sBQQ")
+# A body larger than this is garbage, not a reply (it would not fit in memory anyway).
+MAX_BODY = 1 << 40
+# Bodies up to this size are parsed out of the read buffer; larger ones get their own
+# preallocated buffer that the pipe is read into directly.
+_SMALL_BODY = 1 << 16
+_READ_CHUNK = 1 << 16
+
+# An encoded body: the pickler's own pieces, and large ``bytes`` payloads by reference, so a
+# 64 MiB argument is never copied in user space on its way into the pipe.
+Buffers = list[bytes | memoryview]
+
+
+
+class Kind(enum.IntEnum):
+    """What a frame carries. ``CALL`` goes to a worker; every other kind comes back."""
+
+    CALL = 1          # body: encode_call(...)
+    READY = 2         # the worker is up and its initializer succeeded; empty body
+    RESULT = 3        # body: the pickled return value
+    RAISED = 4        # body: encode_exception(...) (also: the return value did not pickle)
+    INIT_FAILED = 6   # body: encode_exception(...) of the initializer's exception
+    OVER_MEMORY = 7   # body: resident bytes, as u64; sent just before the reply it follows
+
+
+class MalformedFrame(Exception):
+    """A frame's header was valid but its body is not what its kind promises."""
+
+
+class Frame(NamedTuple):
+    kind: Kind
+    task_id: int
+    body: Any  # bytes-like; a BodyReader for a large frame read by FrameStream
+
+
+# --- blocking frame I/O (worker side, and the dispatcher's writes) -----------------------
+
+def write_all(fd: int, parts: list[Any]) -> None:
+    """Write every part (bytes-like), blocking. If BrokenPipeError is raised, ``parts``
+    holds what was not written (the first of them perhaps in part)."""
+    while parts:
+        written = os.writev(fd, parts[:1024])  # IOV_MAX
+        while parts and written >= len(parts[0]):
+            written -= len(parts[0])
+            parts.pop(0)
+        if parts and written:
+            parts[0] = memoryview(parts[0])[written:]
+
+
+def size_of(body: bytes | Buffers) -> int:
+    return len(body) if isinstance(body, bytes) else sum(map(len, body))
+
+
+def write_frame(fd: int, kind: Kind, task_id: int, body: bytes | Buffers = b"") -> None:
+    """Write one whole frame, blocking until it is all in the pipe."""
+    parts: Buffers = [body] if isinstance(body, bytes) else body
+    write_all(fd, [HEADER.pack(MAGIC, kind, task_id, size_of(parts)), *parts])
+
+
+def write_frames(fd: int, kind: Kind, frames: list[tuple[int, Buffers]]) -> int:
+    """Write several frames with as few system calls as the pipe allows; returns how many
+    were written whole (fewer only if the reader went away: BrokenPipeError is caught)."""
+    parts: list[Any] = []
+    ends = []  # for each frame, how many parts there are up to its end
+    for task_id, body in frames:
+        parts.append(HEADER.pack(MAGIC, kind, task_id, size_of(body)))
+        parts += body
+        ends.append(len(parts))
+    total = len(parts)
+    try:
+        write_all(fd, parts)
+    except BrokenPipeError:
+        pass
+    written_parts = total - len(parts)  # the first part left may be written in part
+    return sum(1 for end in ends if end <= written_parts)
+
+
+class FrameStream:
+    """Blocking frame reader for the worker. From a packet-mode pipe each read takes one
+    frame, so the frames behind it stay in the pipe, where the parent can take them back;
+    from a plain pipe, one read takes what is there. A large body is not read here: the
+    frame carries a ``BodyReader``, so that unpickling it reads large byte strings straight
+    from the pipe into the objects the unpickler makes (no buffer in between)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._buffer = bytearray()
+
+    def next(self) -> Frame | None:
+        """The next frame; None at end of file between frames. A large frame's body must be
+        read to its end (``BodyReader.skip_rest``) before the next call."""
+        if not self._fill(HEADER.size):
+            if self._buffer:
+                raise EOFError("pipe closed inside a frame header")
+            return None
+        magic, kind, task_id, length = HEADER.unpack_from(self._buffer)
+        if magic != MAGIC or length > MAX_BODY:
+            raise ValueError(f"not a pool frame: header {bytes(self._buffer[:HEADER.size])!r}")
+        del self._buffer[:HEADER.size]
+        if length > _SMALL_BODY:
+            return Frame(Kind(kind), task_id, BodyReader(self, length))
+        if not self._fill(length):
+            raise EOFError(f"pipe closed after {len(self._buffer)} of {length} body bytes")
+        body = self._buffer[:length]
+        del self._buffer[:length]
+        return Frame(Kind(kind), task_id, body)
+
+    def _fill(self, count: int) -> bool:
+        """Read until the buffer holds ``count`` bytes; False at end of file before that."""
+        while len(self._buffer) < count:
+            chunk = os.read(self.fd, max(_READ_CHUNK, count - len(self._buffer)))
+            if not chunk:
+                return False
+            self._buffer += chunk
+        return True
+
+    def _take(self, count: int) -> bytes:
+        self._fill(count)
+        with memoryview(self._buffer) as view:
+            data = bytes(view[:count])
+        del self._buffer[:count]
+        return data
+
+    def _take_into(self, view: memoryview) -> int:
+        have = min(len(self._buffer), len(view))
+        view[:have] = self._buffer[:have]
+        del self._buffer[:have]
+        while have < len(view):
+            count = os.readv(self.fd, [view[have:]])
+            if count == 0:
+                break
+            have += count
+        return have
+
+
+class BodyReader:
+    """A large frame body, still in the pipe, read as a binary file (``pickle.load`` reads
+    a large byte string with ``readinto`` into the bytes object it will return)."""
+
+    def __init__(self, stream: FrameStream, length: int) -> None:
+        self._stream = stream
+        self.length = length
+        self.remaining = length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def read(self, count: int = -1) -> bytes:
+        count = self.remaining if count < 0 else min(count, self.remaining)
+        data = self._stream._take(count)
+        self.remaining -= len(data)
+        return data
+
+    def readinto(self, target: Any) -> int:
+        view = memoryview(target).cast("B")
+        count = self._stream._take_into(view[:min(len(view), self.remaining)])
+        self.remaining -= count
+        return count
+
+    def readline(self) -> bytes:  # only protocol 0 needs it; here it reads to the end
+        return self.read()
+
+    def skip_rest(self) -> None:
+        """Read and drop what is left of the body, so the next frame can be read."""
+        while self.remaining:
+            if not self.read(min(self.remaining, 1 << 20)):
+                raise EOFError(f"pipe closed with {self.remaining} body bytes unread")
+
+
+# --- non-blocking frame reader (dispatcher side) ----------------------------------------
+
+class FrameReader:
+    """Parses the frames a worker sends, reading only what the pipe already holds.
+
+    ``fd`` must be non-blocking. After ``read_available()``, ``eof`` tells that the worker
+    closed its end, and ``error`` (a string) that it sent bytes that are not a frame; a
+    reader with an error reads nothing more.
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.eof = False
+        self.error: str | None = None
+        self._buffer = bytearray()
+        self._large: tuple[int, int, mmap.mmap] | None = None  # kind, task_id, body
+        self._large_filled = 0
+
+    def read_available(self) -> list[Frame]:
+        frames: list[Frame] = []
+        while not (self.eof or self.error):
+            try:
+                if self._large is not None:
+                    self._read_large(frames)
+                    continue
+                chunk = os.read(self.fd, _READ_CHUNK)
+            except BlockingIOError:
+                break
+            if not chunk:
+                self.eof = True
+                break
+            self._buffer += chunk
+            self._parse(frames)
+        return frames
+
+    def _read_large(self, frames: list[Frame]) -> None:
+        assert self._large is not None
+        kind, task_id, body = self._large
+        count = os.readv(self.fd, [memoryview(body)[self._large_filled:]])
+        if count == 0:
+            self.eof = True
+            return
+        self._large_filled += count
+        if self._large_filled == len(body):
+            self._large = None
+            frames.append(Frame(Kind(kind), task_id, body))
+
+    def _parse(self, frames: list[Frame]) -> None:
+        buf = self._buffer
+        start = 0
+        while len(buf) - start >= HEADER.size:
+            magic, kind, task_id, length = HEADER.unpack_from(buf, start)
+            if magic != MAGIC or length > MAX_BODY or kind not in _KINDS_FROM_WORKER:
+                self.error = (f"bytes that are not a reply frame: "
+                              f"{bytes(buf[start:start + 32])!r}")
+                return
+            body_start = start + HEADER.size
+            if length > _SMALL_BODY and len(buf) - body_start < length:
+                try:
+                    if length > _PHYSICAL_MEMORY:  # mmap might promise it all the same
+                        raise MemoryError
+                    # Anonymous memory: the kernel zeroes each page as the pipe fills it,
+                    # where bytearray(length) would first write every byte itself.
+                    body = mmap.mmap(-1, length)
+                except (MemoryError, OSError):
+                    self.error = f"a frame of {length} bytes, more than memory can hold"
+                    return
+                have = len(buf) - body_start
+                body[:have] = buf[body_start:]
+                self._large, self._large_filled = (kind, task_id, body), have
+                start = len(buf)
+                break
+            if len(buf) - body_start < length:
+                break
+            frames.append(Frame(Kind(kind), task_id, bytes(buf[body_start:body_start + length])))
+            start = body_start + length
+        del buf[:start]
+
+
+_KINDS_FROM_WORKER = frozenset(k.value for k in Kind if k is not Kind.CALL)
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return MAX_BODY
+
+
+_PHYSICAL_MEMORY = _physical_memory()
