@@ -16,8 +16,8 @@ The rule: the dispatcher writes a frame itself only where the pipe has room for 
 so that no write of its own can block, whatever the worker does (run user code while it
 unpickles, hang, be stopped):
 
-1. a frame sent ahead, behind the running task, is one packet: its body is at most
-   ``PACKET_BODY`` bytes, header and body one ``PIPE_BUF`` write;
+1. a frame sent ahead, behind the running task, is one packet: header and body at most
+   ``PIPELINE_MAX_FRAME`` (``PIPE_BUF``) bytes, one write;
 2. at most ``depth`` packets are in a pipe at once (the running task's and those behind
    it), one page each: ``depth * PIPE_BUF <= PACKET_PIPE_BYTES``, the least capacity a
    task pipe must have for packets to be queued in it at all (a smaller one, for a user
@@ -29,7 +29,8 @@ unpickles, hang, be stopped):
 
 from __future__ import annotations
 
-from ._pipes import PACKET_BODY, PIPE_BUF
+from ._frames import HEADER
+from ._pipes import PIPE_BUF
 
 # Small tasks in flight per worker (see _state.SHORT_TASK_SECONDS for when more than one):
 # a worker finds its next task in its pipe instead of waiting for a round trip (measured:
@@ -37,8 +38,7 @@ from ._pipes import PACKET_BODY, PIPE_BUF
 # back from the pipe (_state.RECLAIM_AFTER_SECONDS) and run elsewhere, so a task that hangs
 # holds up no other. Where pipes have no packet mode (not Linux) it is 1 whatever this says.
 PIPELINE_DEPTH = 8
-# Rule 1: the largest body that may be sent ahead, and its frame (one packet).
-PIPELINE_MAX_BYTES = PACKET_BODY
+# Rule 1: the largest frame (header included) that may be sent ahead: one packet.
 PIPELINE_MAX_FRAME = PIPE_BUF
 # Rule 2: a task pipe smaller than this gets no packets queued behind the running task.
 PACKET_PIPE_BYTES = 64 << 10
@@ -66,5 +66,5 @@ def background_above(capacity: int | None) -> int:
 
 
 check_pipeline(PIPELINE_DEPTH)
-assert PIPELINE_MAX_BYTES < PIPELINE_MAX_FRAME == PIPE_BUF  # rule 1: header and body, one packet
+assert HEADER.size < PIPELINE_MAX_FRAME == PIPE_BUF  # rule 1: header and body, one packet
 assert BACKGROUND_FRAME_BYTES <= PACKET_PIPE_BYTES  # rule 3, for a pipe that takes packets

@@ -28,8 +28,6 @@ except (ImportError, AttributeError):
 
 # Linux's atomic pipe write, and the size of a packet in a packet-mode pipe.
 PIPE_BUF = 4096
-# Frames this small travel as one packet (see ``set_packet_mode``).
-PACKET_BODY = PIPE_BUF - HEADER.size
 
 
 def set_packet_mode(fd: int, on: bool) -> bool:

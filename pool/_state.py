@@ -210,8 +210,8 @@ class StateMachine:
 
     def worker_ready(self, index: int, *, pipelining: bool = True) -> list[Action]:
         """The worker is up. ``pipelining``: its pipe can hold tasks queued behind the
-        running one, and give them back (``Reclaim``). A READY from a worker that has
-        already said it is misbehaving."""
+        running one, and give them back (``Reclaim``). A second READY, from a worker that
+        is already ready, is the worker misbehaving."""
         slot = self.slots[index]
         if slot.state is SlotState.STOPPING:
             return []  # stopped while starting; it will exit at end of file
