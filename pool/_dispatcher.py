@@ -29,7 +29,9 @@
                                      AskToExit, Signal, DumpStack, Misbehaved,
                                      WorkerGone, Unreaped, Broken)
 
-Owns: the ``StateMachine``, the task records, one ``WorkerHandle`` per live worker, the
+Owns: the ``StateMachine`` (and with it the pool's life), the ``LoopLife`` that callers read
+(may submit() queue, does a command reach the loop), the task records, one ``WorkerHandle``
+per live worker, the
 pool's lifeline pipe, the wakeup handle, and the ``Counters`` behind ``stats()`` (published
 as ``self.stats`` when a caller's ``Sync`` arrives, never per turn).
 Runs in: the dispatcher thread, except the methods marked "caller thread".
@@ -56,6 +58,7 @@ the only reader and writer of every attribute not marked as shared.
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 import os
@@ -90,6 +93,35 @@ _dispatcher_numbers = itertools.count(1)
 _LINGERING_POLL_SECONDS = 0.01
 
 
+class LoopLife(enum.Enum):
+    """The loop's life as its callers see it (shared: read and moved under ``_lock``).
+
+    The pool's own life (open, broken, draining, terminating, closed) is the state
+    machine's ``PoolLife``, which the loop alone reads; this is what a caller thread needs
+    to know without asking the loop: whether ``submit`` may queue, whether a command still
+    reaches the loop, and whether anything is left to wait for. ``broken_error`` is not a
+    state but what ``submit`` raises once set (workers cannot start, or the loop failed).
+    """
+
+    __hash__ = object.__hash__
+
+    OPEN = "open"        # submit() queues tasks (the loop starts at the first)
+    CLOSING = "closing"  # shutdown() or a terminate was called: submit() refuses; the loop
+                         # finishes what it has
+    FAILED = "failed"    # the loop raised: every future failed (the firewall); releasing
+    ENDED = "ended"      # the loop has let everything go, or never started: commands are
+                         # dropped; ``finished`` and ``_ended`` are set just after
+
+
+_LOOP_TRANSITIONS: dict[LoopLife, frozenset[LoopLife]] = {
+    # OPEN -> ENDED: a broken pool's machine closes by itself, with no shutdown() called.
+    LoopLife.OPEN: frozenset({LoopLife.CLOSING, LoopLife.FAILED, LoopLife.ENDED}),
+    LoopLife.CLOSING: frozenset({LoopLife.FAILED, LoopLife.ENDED}),
+    LoopLife.FAILED: frozenset({LoopLife.ENDED}),
+    LoopLife.ENDED: frozenset(),
+}
+
+
 class Dispatcher:
     def __init__(self, *, max_workers: int, mp_context: Any, initializer: Initializer | None,
                  max_tasks_per_child: int | None, max_memory_per_child: int | None = None,
@@ -119,7 +151,6 @@ class Dispatcher:
         self._injected_fault: BaseException | None = None  # tests: make the loop fail
         self._decoded_errors: list[BaseException] = []  # this turn's; see release_frames
         self._counters = Counters()
-        self._failed = False  # the loop failed (see _fail_everything)
         # Shared with caller threads: guarded by _lock (never taken by the loop itself
         # except to publish a failure).
         self._lock = threading.Lock()
@@ -127,8 +158,7 @@ class Dispatcher:
         self._cancels: queue.SimpleQueue[int] = queue.SimpleQueue()  # see cancelled()
         self._task_ids = itertools.count(1)
         self._owner_pid = os.getpid()
-        self._closing = False
-        self._released = False
+        self._life = LoopLife.OPEN
         # Resolved once the loop has released everything (at once if it never started).
         # Callers wait for this, never for the thread: on 3.11, a KeyboardInterrupt inside
         # Thread.join() can leave a thread that still runs marked as stopped (the bpo-45274
@@ -160,7 +190,7 @@ class Dispatcher:
                                f"child ({os.getpid()}) cannot use it")
         if self.broken_error is not None:
             raise fresh(self.broken_error)
-        if self._closing:
+        if self._life is not LoopLife.OPEN:
             raise RuntimeError("cannot schedule new futures after shutdown")
         if _exit.interpreter_exiting:
             raise RuntimeError("cannot schedule new futures after interpreter shutdown")
@@ -196,7 +226,7 @@ class Dispatcher:
             return {}, (0, 0)  # a forked copy of the parent: none of these are its own
         latch = Latch()
         with self._lock:
-            waits = (self._thread is not None and not self._released
+            waits = (self._thread is not None and self._life is not LoopLife.ENDED
                      and self._thread is not threading.current_thread())
             if waits:
                 self._commands.put(Sync(latch))
@@ -222,7 +252,7 @@ class Dispatcher:
     def _command(self, command: Command) -> None:
         """Hand the loop a command (caller thread); dropped once the loop has ended."""
         with self._lock:
-            if self._thread is None or self._released:
+            if self._thread is None or self._life is LoopLife.ENDED:
                 return
             self._commands.put(command)
         assert self._wakeup is not None
@@ -241,13 +271,15 @@ class Dispatcher:
         """Ask the loop to finish (caller thread); with ``wait``, until it has."""
         with self._lock:
             started = self._thread is not None
-            if started and (not self._closing or cancel_futures):
+            if started and (self._life is LoopLife.OPEN or cancel_futures):
                 self._commands.put(Shutdown(cancel_futures))
-            self._closing = True
-            if not started and not self.finished.done():
-                self.finished.set_result(None)
-                self._ended.set()
-        if started:
+            if self._life is LoopLife.OPEN:
+                self._become(LoopLife.CLOSING)
+            if not started and self._life is not LoopLife.ENDED:
+                self._become(LoopLife.ENDED)  # nothing ever ran: nothing to wait for
+        if not started:
+            self._signal_ended()
+        else:
             assert self._wakeup is not None
             self._wakeup.wake()
             if wait:
@@ -290,8 +322,22 @@ class Dispatcher:
 
     @property
     def closing(self) -> bool:
-        """``shutdown()`` (or a terminate) was called: no more submissions."""
-        return self._closing
+        """``submit`` refuses for good: ``shutdown()`` or a terminate was called, the loop
+        failed, or it ended by itself (a broken pool)."""
+        return self._life is not LoopLife.OPEN
+
+    def _become(self, new: LoopLife) -> None:
+        """Move the loop's life (under ``_lock``) as ``_LOOP_TRANSITIONS`` allows."""
+        if new not in _LOOP_TRANSITIONS[self._life]:
+            raise _records.InvalidTransition(f"{self.name}: {self._life.name} -> {new.name}")
+        self._life = new
+
+    def _signal_ended(self) -> None:
+        """Wake every waiter once the life is ENDED (outside ``_lock``: a done-callback of
+        ``finished`` runs here)."""
+        if not self.finished.done():
+            self.finished.set_result(None)
+        self._ended.set()
 
     def close_in_forked_child(self) -> None:
         """Runs in a child that some thread of ours forked (``os.register_at_fork``): close
@@ -330,10 +376,11 @@ class Dispatcher:
                 self._release()
             finally:  # even if releasing failed, nobody may wait for this loop forever
                 try:
-                    if not self.finished.done():
-                        self.finished.set_result(None)
+                    with self._lock:
+                        if self._life is not LoopLife.ENDED:
+                            self._become(LoopLife.ENDED)
                 finally:
-                    self._ended.set()
+                    self._signal_ended()
 
     def _turn(self) -> None:
         if self._injected_fault is not None:
@@ -372,6 +419,9 @@ class Dispatcher:
         for command in self._take_commands():
             if isinstance(command, Submit):
                 record = command.record
+                if self._machine.closed:  # a broken pool closed by itself as it was queued
+                    self._refuse(record)
+                    continue
                 self._counters.submitted += 1
                 if record.future.cancelled():  # before the loop saw it: it never queues
                     self._counters.ended(Outcome.CANCELLED)
@@ -601,6 +651,15 @@ class Dispatcher:
             raise AssertionError(f"unknown action {action!r}")
         return []
 
+    def _refuse(self, record: TaskRecord) -> None:
+        """Fail a task that reached the loop after the pool closed: a caller queued it just
+        as a broken pool ended by itself (before it could see ``broken_error``)."""
+        self._counters.submitted += 1
+        self._counters.ended(Outcome.FAILED)
+        error = (fresh(self.broken_error) if self.broken_error is not None
+                 else RuntimeError("cannot schedule new futures after shutdown"))
+        resolve(record.future, None, error)
+
     def _abandon(self, slot: int) -> None:
         """The worker outlived SIGKILL's grace (stuck in the kernel): report it by pid, free
         its slot, and try once more to reap it when the pool ends."""
@@ -665,17 +724,18 @@ class Dispatcher:
 
     def _publish_census(self) -> None:
         """Publish the census and the stats (on a caller's ``Sync``, and at the end)."""
-        queued, sent = self.census = (0, 0) if self._failed else self._machine.census()
+        failed = self._life is LoopLife.FAILED  # the machine's records describe nothing
+        queued, sent = self.census = (0, 0) if failed else self._machine.census()
         now = time.monotonic()
         workers = []
         for slot, worker in sorted(self._workers.items()):
-            task_id = None if self._failed else self._machine.running_task(slot)
+            task_id = None if failed else self._machine.running_task(slot)
             started = None if task_id is None else self._machine.started_at(task_id)
             workers.append(WorkerStats(
                 pid=worker.pid, tasks_run=worker.tasks_run,
                 current_task=None if task_id is None else self._tasks[task_id].info,
                 running_for=None if started is None else now - started, rss=None))
-        running = 0 if self._failed else self._machine.running_count()
+        running = 0 if failed else self._machine.running_count()
         self.stats = self._counters.snapshot(queued + sent - running, running, tuple(workers))
 
     def _publish_processes(self) -> None:
@@ -694,6 +754,7 @@ class Dispatcher:
         error.__cause__ = cause
         with self._lock:
             self.broken_error = error
+            self._become(LoopLife.FAILED)  # (the machine's records no longer describe anything)
         pending = list(self._tasks.values())
         for command in self._take_commands():
             if isinstance(command, Submit):
@@ -705,7 +766,6 @@ class Dispatcher:
             self._counters.ended(Outcome.FAILED)
             resolve(record.future, None, fresh(error))
         self._tasks.clear()
-        self._failed = True  # the machine's records no longer describe anything
         for worker in self._workers.values():
             worker.signal(signal.SIGKILL)
 
@@ -724,11 +784,12 @@ class Dispatcher:
         self._abandoned.clear()
         assert self._wakeup is not None and self._lifeline is not None
         with self._lock:
-            self._closing = True
-            self._released = True
+            self._become(LoopLife.ENDED)
         for command in self._take_commands():  # nothing can be queued any more
             if isinstance(command, Sync):
                 command.done.set()
+            elif isinstance(command, Submit):  # queued as a broken pool closed by itself
+                self._refuse(command.record)
         self._wakeup.close()
         _teardown.close_fds(*self._lifeline)
         self._callbacks.close()

@@ -1,9 +1,10 @@
 """What the state machine keeps: task and slot records, their states and legal transitions.
 
-Owns: the state enums, their transition tables, the grace periods, and the two records.
+Owns: the state enums (a task's, a slot's and the pool's life), their transition tables, the
+grace periods, and the two records.
 Runs in: the dispatcher thread, through ``StateMachine`` (which alone changes them).
-Guarantees: every state a task or slot can be in is named here, and every legal move is in
-a table; ``StateMachine`` refuses any other move with ``InvalidTransition``.
+Guarantees: every state a task, a slot or the pool can be in is named here, and every legal
+move is in a table; ``StateMachine`` refuses any other move with ``InvalidTransition``.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ class TaskState(enum.Enum):
 TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     TaskState.QUEUED: frozenset({TaskState.ASSIGNED, TaskState.RUNNING, TaskState.CANCELLED,
                                  TaskState.FAILED}),
-    TaskState.ASSIGNED: frozenset({TaskState.RUNNING, TaskState.QUEUED, TaskState.CANCELLED}),
+    # ASSIGNED -> FAILED when its worker died before starting it and the pool is broken.
+    TaskState.ASSIGNED: frozenset({TaskState.RUNNING, TaskState.QUEUED, TaskState.CANCELLED,
+                                   TaskState.FAILED}),
     # RUNNING -> QUEUED only when the write to the worker failed, or the worker died before
-    # reading all of it: either way it never started.
+    # reading all of it: either way it never started (and the pool is not broken).
     TaskState.RUNNING: frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED,
                                   TaskState.QUEUED}),
     TaskState.DONE: frozenset(),
@@ -67,10 +70,32 @@ SLOT_TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
 }
 
 
-class Phase(enum.Enum):
-    OPEN = "open"          # accepting tasks; slots that emptied are refilled
-    DRAINING = "draining"  # shutdown asked: finish what was submitted, then stop every worker
-    CLOSED = "closed"      # every task resolved and every worker gone
+class PoolLife(enum.Enum):
+    """The pool's own life, as the state machine leads it (one state, no flags)."""
+
+    __hash__ = object.__hash__  # as TaskState's
+
+    OPEN = "open"                # takes tasks; a slot that empties is refilled
+    BROKEN = "broken"            # workers keep failing to start: no worker is started again,
+                                 # every task not yet sent fails (now and later); what runs
+                                 # finishes, idle workers are stopped, then the pool closes
+    DRAINING = "draining"        # shutdown: what was submitted runs (workers are started for
+                                 # it), then every worker is asked to stop
+    TERMINATING = "terminating"  # terminate/kill_workers: what has not started is cancelled,
+                                 # every worker is ended now, nothing is started again
+    CLOSED = "closed"            # every task ended and every worker gone: the loop may end
+
+
+LIFE_TRANSITIONS: dict[PoolLife, frozenset[PoolLife]] = {
+    PoolLife.OPEN: frozenset({PoolLife.BROKEN, PoolLife.DRAINING, PoolLife.TERMINATING}),
+    # DRAINING -> BROKEN when the workers started for what is left keep failing to start.
+    PoolLife.DRAINING: frozenset({PoolLife.BROKEN, PoolLife.TERMINATING, PoolLife.CLOSED}),
+    # A broken pool is already draining: shutdown() leaves it BROKEN.
+    PoolLife.BROKEN: frozenset({PoolLife.TERMINATING, PoolLife.CLOSED}),
+    # Nothing is started while terminating, so no start can fail: it never breaks.
+    PoolLife.TERMINATING: frozenset({PoolLife.CLOSED}),
+    PoolLife.CLOSED: frozenset(),
+}
 
 
 class Escalation(enum.Enum):

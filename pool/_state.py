@@ -1,7 +1,8 @@
 """The slot/task state machine: which task runs where, and what to do when anything happens.
 
-Owns: the queue of waiting tasks, each slot's state and in-flight tasks, the pool's phase,
-start-failure accounting, task deadlines and the stop-escalation deadlines.
+Owns: the queue of waiting tasks, each slot's state and in-flight tasks, the pool's life
+(``PoolLife``: open, broken, draining, terminating, closed), start-failure accounting, task
+deadlines and the stop-escalation deadlines.
 Runs in: the dispatcher thread only. It performs no I/O: events come in as method calls and
 leave as a list of actions for the dispatcher to carry out; time comes from the ``clock`` it
 is given (``time.monotonic`` in the pool, a fake one in tests). It imports neither
@@ -19,6 +20,11 @@ Guarantees:
   stop, and its slot is refilled only when queued work needs it (not at once);
 - every task ends in exactly one of DONE, FAILED or CANCELLED, and every slot ends EMPTY
   or UNUSED before the machine reports ``closed``;
+- the pool's life moves only as ``LIFE_TRANSITIONS`` allows: after ``MAX_START_FAILURES``
+  failed starts in a row it is BROKEN, and a broken pool holds no queue (every task not yet
+  running fails with ``FailBroken``, a task its dead worker never started included), starts
+  nothing, lets running tasks finish and closes by itself: nothing waits for a worker that
+  will never come;
 - it is the only authority on the protocol: a worker's frame out of turn (a reply for a
   task it is not running, a READY once ready) is the worker misbehaving, answered like
   garbage on the wire (``Misbehaved``, its running task ``FailMisbehaved``, a kill); an
@@ -39,7 +45,7 @@ from ._actions import (Action, AskToExit, Broken, Cancel, Departure, DumpStack, 
                        FailDied, FailMisbehaved, FailTerminated, FailTimedOut, Misbehaved,
                        Reclaim, Resolve, Send, Signal, Spawn, Stopped, Unreaped, WorkerGone)
 from ._records import (SLOT_TRANSITIONS, TASK_TRANSITIONS, Ending, Escalation,
-                       InvalidTransition, Phase, Slot, SlotState, Task, TaskQueue, TaskState,
+                       InvalidTransition, LIFE_TRANSITIONS, PoolLife, Slot, SlotState, Task, TaskQueue, TaskState,
                        Timeouts)
 
 __all__ = ["StateMachine", "MAX_START_FAILURES", "RECLAIM_AFTER_SECONDS", "SHORT_TASK_SECONDS"]
@@ -78,9 +84,7 @@ class StateMachine:
         assert idle_timeout is None or idle_timeout > 0
         self._clock = clock
         self.slots = [Slot(i) for i in range(max_workers)]
-        self.phase = Phase.OPEN
-        self.broken = False
-        self.terminating = False
+        self.life = PoolLife.OPEN
         self.start_failures = 0
         self._tasks: dict[int, Task] = {}
         self._queue = TaskQueue(self._tasks)
@@ -97,7 +101,7 @@ class StateMachine:
 
     @property
     def closed(self) -> bool:
-        return self.phase is Phase.CLOSED
+        return self.life is PoolLife.CLOSED
 
     def task_state(self, task_id: int) -> TaskState | None:
         """The state of a task still in flight or queued; None once it has ended."""
@@ -158,6 +162,11 @@ class StateMachine:
         elif new is not TaskState.RUNNING:
             task.deadline = None
 
+    def _move_life(self, new: PoolLife) -> None:
+        if new not in LIFE_TRANSITIONS[self.life]:
+            raise InvalidTransition(f"pool: {self.life.name} -> {new.name}")
+        self.life = new
+
     def _move_slot(self, slot: Slot, new: SlotState) -> None:
         if new not in SLOT_TRANSITIONS[slot.state]:
             raise InvalidTransition(f"slot {slot.index}: {slot.state.name} -> {new.name}")
@@ -192,13 +201,13 @@ class StateMachine:
         worker's pipe it fills. ``schedule=False`` only queues it, for a burst of
         submissions that ends with one ``schedule()`` (sending them task by task would cost
         a pass over the slots for each)."""
-        if self.phase is not Phase.OPEN:
-            raise InvalidTransition(f"submit while {self.phase.name}")
+        if self.life not in (PoolLife.OPEN, PoolLife.BROKEN):
+            raise InvalidTransition(f"submit while {self.life.name}")
         if task_id in self._tasks:
             raise InvalidTransition(f"task {task_id} submitted twice")
         task = Task(task_id, frame_bytes, frame_bytes <= self._ahead_max_frame, timeout)
         self._tasks[task_id] = task
-        if self.broken:
+        if self.life is PoolLife.BROKEN:  # (submitted before the caller could know)
             self._move_task(task, TaskState.FAILED)
             return [FailBroken(task_id)]
         self._queue.append(task_id)
@@ -345,7 +354,8 @@ class StateMachine:
             actions.append(self._end_running_task(slot, exited))
         actions += self._requeue_in_flight(slot)
         self._move_slot(slot, SlotState.EMPTY)
-        if not self.broken and self.start_failures >= MAX_START_FAILURES:
+        if (self.start_failures >= MAX_START_FAILURES
+                and PoolLife.BROKEN in LIFE_TRANSITIONS[self.life]):
             actions += self._break()
         return actions + self._schedule()
 
@@ -385,9 +395,11 @@ class StateMachine:
         return actions + self._schedule() if actions else []
 
     def shutdown(self, *, cancel_futures: bool) -> list[Action]:
+        """Finish what was submitted (or, with ``cancel_futures``, only what was sent),
+        then stop every worker and close. A broken or terminating pool already does."""
         actions: list[Action] = []
-        if self.phase is Phase.OPEN:
-            self.phase = Phase.DRAINING
+        if self.life is PoolLife.OPEN:
+            self._move_life(PoolLife.DRAINING)
         if cancel_futures:
             while self._queue:
                 task_id = self._queue.popleft()
@@ -399,7 +411,8 @@ class StateMachine:
         """terminate_workers() (SIGTERM) or kill_workers() (SIGKILL): shut down, cancel
         what has not started, and end every worker now, running tasks included."""
         actions = self.shutdown(cancel_futures=True)
-        self.terminating = True
+        if self.life not in (PoolLife.TERMINATING, PoolLife.CLOSED):
+            self._move_life(PoolLife.TERMINATING)
         for slot in self.slots:
             if slot.state in (SlotState.UNUSED, SlotState.EMPTY):
                 continue
@@ -486,7 +499,7 @@ class StateMachine:
         """When the slot's worker has idled long enough to be stopped; None if it never
         does (no ``idle_timeout``, busy, not READY, or the pool is not open)."""
         if (self._idle_timeout is None or slot.state is not SlotState.READY or slot.in_flight
-                or self.phase is not Phase.OPEN or slot.idle_since is None):
+                or self.life is not PoolLife.OPEN or slot.idle_since is None):
             return None
         return slot.idle_since + self._idle_timeout
 
@@ -523,20 +536,26 @@ class StateMachine:
     def _requeue(self, task_ids: list[int]) -> list[Action]:
         """Tasks sent to a worker (in send order) that never started: safe to run elsewhere,
         ahead of the queue so that they keep their place; when terminating, or when their
-        caller asked to stop them, they are cancelled instead."""
+        caller asked to stop them, they are cancelled instead; when broken (no worker will
+        start to run them), they fail as the queue's tasks did."""
         actions: list[Action] = []
         for task_id in reversed(task_ids):
             task = self._tasks[task_id]
-            if self.terminating or task.stop_requested:
+            if self.life is PoolLife.TERMINATING or task.stop_requested:
                 self._move_task(task, TaskState.CANCELLED)
                 actions.append(Stopped(task.task_id))
+            elif self.life is PoolLife.BROKEN:
+                self._move_task(task, TaskState.FAILED)
+                actions.append(FailBroken(task.task_id))
             else:
                 self._move_task(task, TaskState.QUEUED)
                 self._queue.appendleft(task.task_id)
         return actions
 
     def _break(self) -> list[Action]:
-        self.broken = True
+        """Workers keep failing to start: fail what waits, start nothing more (a broken
+        pool drains: ``_stop_idle``)."""
+        self._move_life(PoolLife.BROKEN)
         actions: list[Action] = [Broken()]
         while self._queue:
             task_id = self._queue.popleft()
@@ -591,14 +610,14 @@ class StateMachine:
         return best
 
     def _spawn(self) -> list[Action]:
-        if self.broken or self.terminating:
+        if self.life not in (PoolLife.OPEN, PoolLife.DRAINING):
             return []
         if not (self._in_state[SlotState.EMPTY] or self._in_state[SlotState.UNUSED]):
             return []  # every slot has a process: nothing to start (the common case)
         actions: list[Action] = []
         capacity = 0  # places where a queued task could start soon
         for slot in self.slots:
-            if slot.state is SlotState.EMPTY and self.phase is Phase.OPEN and not slot.idled_out:
+            if slot.state is SlotState.EMPTY and self.life is PoolLife.OPEN and not slot.idled_out:
                 # Refill: a slot that ran a worker gets a new one, work or not (unless it
                 # was stopped for idling: then only when work needs it, below).
                 self._move_slot(slot, SlotState.STARTING)
@@ -619,11 +638,13 @@ class StateMachine:
         return actions
 
     def _stop_idle(self) -> list[Action]:
-        """Stop retired workers; when draining, also every worker with nothing left to do."""
+        """Stop retired workers; when the pool is ending (draining, broken or terminating),
+        also every worker with nothing left to do, and close once all are gone."""
         actions: list[Action] = []
-        if self.phase is Phase.OPEN and not self._in_state[SlotState.RETIRING]:
+        open_ = self.life is PoolLife.OPEN
+        if open_ and not self._in_state[SlotState.RETIRING]:
             return actions  # the common case, checked cheaply
-        draining = self.phase is Phase.DRAINING and not self._queue
+        draining = not open_ and not self._queue
         for slot in self.slots:
             idle = not slot.in_flight
             if slot.state is SlotState.RETIRING and idle:
@@ -633,11 +654,11 @@ class StateMachine:
             elif draining and slot.state is SlotState.STARTING:
                 # Not needed any more; it exits at end of file once its initializer is done.
                 actions.append(self._ask_to_stop(slot))
-        if self.phase is not Phase.DRAINING:
+        if open_ or self.life is PoolLife.CLOSED:
             return actions
         if (not self._queue and not self._tasks and
                 all(s.state in (SlotState.UNUSED, SlotState.EMPTY) for s in self.slots)):
-            self.phase = Phase.CLOSED
+            self._move_life(PoolLife.CLOSED)
         return actions
 
     def _stop_running(self, slot: Slot) -> list[Action]:

@@ -252,6 +252,13 @@ def fail_first_time(marker):
         raise RuntimeError("first start fails")
 
 
+def succeed_first_time(marker):
+    """An initializer that lets the first worker start and fails in every later one."""
+    if os.path.exists(marker):
+        raise RuntimeError("only the first start succeeds")
+    open(marker, "w").close()
+
+
 def announce_then_wait(pid_dir, gate, value=None):
     """Write this worker's pid into ``pid_dir``, then block until ``gate`` exists."""
     path = os.path.join(pid_dir, str(os.getpid()))

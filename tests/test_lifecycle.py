@@ -103,6 +103,35 @@ def test_initializer_that_kills_its_worker_breaks_the_pool_without_a_fork_loop(c
     assert "ended while starting (exit code 4)" in str(error)
 
 
+def test_a_broken_pool_finishes_its_running_task_then_ends_by_itself(ctx, tmp_path):
+    # The first worker starts and runs a task; every later one fails to start: the pool
+    # breaks, fails what waits, lets the running task finish, then ends its loop and its
+    # processes with no shutdown() called (nothing is left for it to do).
+    gate, pids = tmp_path / "gate", tmp_path / "pids"
+    pids.mkdir()
+    p = pool.ProcessPool(2, mp_context=ctx, initializer=tasks.succeed_first_time,
+                         initargs=(str(tmp_path / "started"),))
+    running = p.submit(tasks.announce_then_wait, str(pids), str(gate), "ran")
+    assert wait_until(lambda: tasks.announced_pids(str(pids)), 60)
+    (worker,) = tasks.announced_pids(str(pids))
+    waiting = p.submit(tasks.square, 3)  # starts the second worker, which cannot start
+    assert isinstance(waiting.exception(60), pool.InitializerError)
+    with pytest.raises(pool.InitializerError):
+        p.submit(tasks.square, 4)
+    assert not running.done()
+    gate.touch()
+    assert running.result(60) == "ran"
+    thread = p._executor_manager_thread
+    assert thread is not None
+    thread.join(60)
+    assert not thread.is_alive() and p._processes == {}
+    assert wait_until(lambda: not process_exists(worker), 30)
+    assert "broken" in repr(p)
+    with pytest.raises(pool.InitializerError):
+        p.submit(tasks.square, 5)
+    p.shutdown()  # returns at once: everything has ended
+
+
 def test_a_flaky_initializer_is_retried(ctx, tmp_path):
     marker = tmp_path / "failed-once"
     with pool.ProcessPool(1, mp_context=ctx, initializer=tasks.fail_first_time,

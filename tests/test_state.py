@@ -10,7 +10,7 @@ import pytest
 from pool._actions import (AskToExit, Broken, Cancel, Departure, DumpStack, FailBroken,
                            FailDied, FailMisbehaved, FailTerminated, FailTimedOut, Misbehaved,
                            Reclaim, Resolve, Send, Signal, Spawn, Stopped, Unreaped, WorkerGone)
-from pool._records import (Ending, Escalation, InvalidTransition, Phase, SlotState, TaskState,
+from pool._records import (Ending, Escalation, InvalidTransition, PoolLife, SlotState, TaskState,
                            Timeouts)
 from pool._state import MAX_START_FAILURES, RECLAIM_AFTER_SECONDS, StateMachine
 
@@ -200,8 +200,53 @@ def test_repeated_start_failures_break_the_pool_and_fail_waiting_tasks():
     for _ in range(MAX_START_FAILURES):
         actions = exited(m, 0)  # died while STARTING
     assert actions == [Broken(), FailBroken(1), FailBroken(2)]
-    assert m.broken and m.slots[0].state is SlotState.EMPTY
-    assert m.submit(3, frame_bytes=LARGE) == [FailBroken(3)]  # no spawn: no fork loop
+    assert m.slots[0].state is SlotState.EMPTY and m.schedule() == []  # no fork loop
+    assert m.closed  # broken, with nothing left to run: it ends by itself
+
+
+def test_a_broken_pool_fails_a_task_its_dying_worker_never_started_and_closes():
+    # Slot 0 runs task 1 while slot 1 keeps failing to start: the pool breaks. When slot 0's
+    # worker then dies before reading task 1, no worker will ever run it: it fails at once
+    # (it used to wait in the queue, and shutdown never finished).
+    m, _ = machine(2)
+    m.submit(1, frame_bytes=LARGE), m.submit(2, frame_bytes=LARGE)
+    start(m, 0)
+    for _ in range(MAX_START_FAILURES):
+        exited(m, 1)
+    assert m.life is PoolLife.BROKEN and m.queued == []
+    assert exited(m, 0, unread_bytes=LARGE) == [FailBroken(1)]
+    assert m.closed  # nothing runs, nothing waits: the broken pool ends by itself
+
+
+def test_a_broken_pool_lets_running_tasks_finish_stops_idle_workers_then_closes():
+    m, _ = machine(3)
+    for task_id in (1, 2, 3):
+        m.submit(task_id, frame_bytes=LARGE)
+    start(m, 0, 1)  # tasks 1 and 2 run; 3 waits for slot 2, which keeps failing to start
+    for _ in range(MAX_START_FAILURES - 1):
+        assert exited(m, 2) == [Spawn(2)]
+    assert exited(m, 2) == [Broken(), FailBroken(3)]
+    assert m.life is PoolLife.BROKEN
+    assert m.submit(4, frame_bytes=LARGE) == [FailBroken(4)]  # sent before the caller knew
+    assert m.task_replied(1, 2) == [Resolve(2), AskToExit(1)]  # idle: stopped at once
+    assert m.shutdown(cancel_futures=False) == []  # already draining
+    assert exited(m, 1) == [] and not m.closed
+    assert m.task_replied(0, 1) == [Resolve(1), AskToExit(0)]
+    assert exited(m, 0) == [] and m.closed
+
+
+def test_the_pools_life_moves_only_as_its_table_allows():
+    m, _ = machine(1)
+    m.submit(1, frame_bytes=LARGE)
+    start(m, 0)
+    assert m.terminate(signal.SIGTERM) == [Signal(0, signal.SIGTERM)]
+    assert m.life is PoolLife.TERMINATING
+    assert m.shutdown(cancel_futures=False) == []  # still terminating
+    exited(m, 0)
+    assert m.life is PoolLife.CLOSED
+    assert m.terminate(signal.SIGKILL) == [] and m.shutdown(cancel_futures=True) == []
+    with pytest.raises(InvalidTransition, match="submit while CLOSED"):
+        m.submit(2, frame_bytes=LARGE)
 
 
 def test_a_completed_task_resets_the_start_failure_count():
@@ -270,7 +315,7 @@ def test_shutdown_finishes_queued_work_then_stops_every_worker():
     assert m.shutdown(cancel_futures=False) == []
     assert m.task_replied(0, 1) == [Resolve(1), Send(0, 2)]
     assert m.task_replied(0, 2) == [Resolve(2), AskToExit(0)]
-    assert m.phase is Phase.DRAINING
+    assert m.life is PoolLife.DRAINING
     assert exited(m, 0) == []
     assert m.closed
 
@@ -492,7 +537,7 @@ def test_terminate_cancels_the_queue_and_escalates_sigterm_to_sigkill():
     start(m, 0, 1)
     assert m.terminate(signal.SIGTERM) == [Cancel(3), Cancel(4), Signal(0, signal.SIGTERM),
                                            Signal(1, signal.SIGTERM)]
-    assert m.phase is Phase.DRAINING
+    assert m.life is PoolLife.TERMINATING
     assert exited(m, 0) == [FailTerminated(1, 0)]  # no refill while terminating
     clock.now += 0.5
     assert m.tick() == [Signal(1, signal.SIGKILL)]  # slot 1 ignores SIGTERM
