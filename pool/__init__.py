@@ -3,6 +3,24 @@ explained failure of one task, not a broken pool.
 
 Swap ``from concurrent.futures import ProcessPoolExecutor`` for
 ``from pool import ProcessPoolExecutor`` (or ``ProcessPool``); see README.rst.
+
+The modules, by role (each opens with what it owns, runs in, guarantees and assumes):
+
+- the API: ``_executor`` (``ProcessPool``), ``_mapping`` (``map``), ``_aio`` (asyncio),
+  ``_progress``, ``_stats``, ``_shared`` (``pool.shared()``), ``_futures`` (``PoolFuture``
+  and the latches callers wait on), ``_errors``; ``dask`` (optional, never imported here);
+- the dispatcher thread: ``_dispatcher`` (the loop, its picture at the top), ``_commands``
+  (what callers hand it), ``_wakeup``, ``_outcomes`` (how futures end), ``_exit``
+  (interpreter exit, fork), ``_main_guard``;
+- the state machine, pure: ``_state`` (events in, actions out), ``_records`` (the states of
+  a task, a slot and the pool, and their transition tables), ``_actions``;
+- one worker, seen from the parent: ``_worker_handle``, ``_teardown`` (ending processes,
+  reading what they left);
+- the wire, by trade: ``_frames`` (frame format), ``_pipes`` (Linux pipe mechanics),
+  ``_pickling`` (what crosses, and what cannot), ``_limits`` (the sizes that depend on each
+  other, in one table);
+- in the worker process: ``_worker``;
+- the command line: ``_cli`` and the ``_cli_*`` modules, ``_demo``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The actions the state machine asks the dispatcher to carry out.
 
 Owns: nothing but these value types. Runs in: the dispatcher thread.
-Guarantees: each is immutable and names its slot or task by index or id, never by object.
+Guarantees: each is immutable and names its slot by ``index`` (a ``Slot`` record is the
+machine's own; everywhere else a slot is its index) and its task by ``task_id``, never by
+object.
 The facts an action needs from the event that caused it (a reply's outcome, a dead worker's
 ``Exit``, why a worker is called misbehaving) travel in it, opaque to the machine and left
 out of comparisons, so that the dispatcher acts on each where it arrives.
@@ -21,12 +23,12 @@ def _payload(default: Any = None) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class Spawn:
-    slot: int
+    index: int
 
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    slot: int
+    index: int
     task_id: int
 
 
@@ -42,7 +44,7 @@ class Resolve:
 class FailDied:
     """The task's worker died while running it (``exited``: what is known of the death)."""
     task_id: int
-    slot: int
+    index: int
     exited: Any = _payload()
 
 
@@ -50,7 +52,7 @@ class FailDied:
 class FailMisbehaved:
     """The task's worker sent bytes that are not a reply, or a frame out of turn."""
     task_id: int
-    slot: int
+    index: int
     reason: str = _payload("")
 
 
@@ -58,7 +60,7 @@ class FailMisbehaved:
 class FailTimedOut:
     """The task overran its timeout; its worker was asked for its stack, then ended."""
     task_id: int
-    slot: int
+    index: int
     timeout: float
     exited: Any = _payload()
 
@@ -67,7 +69,7 @@ class FailTimedOut:
 class FailTerminated:
     """The task was running when terminate_workers() or kill_workers() ended its worker."""
     task_id: int
-    slot: int
+    index: int
     exited: Any = _payload()
 
 
@@ -94,33 +96,33 @@ class Cancel:
 class Reclaim:
     """Take back the tasks that wait in the slot's pipe behind its running one (the
     dispatcher reports which it got with ``tasks_reclaimed``)."""
-    slot: int
+    index: int
 
 
 @dataclass(frozen=True, slots=True)
 class AskToExit:
     """Ask the slot's worker to exit (close its task pipe)."""
-    slot: int
+    index: int
 
 
 @dataclass(frozen=True, slots=True)
 class Signal:
     """Send a signal to the slot's worker and to its process group."""
-    slot: int
+    index: int
     signum: int
 
 
 @dataclass(frozen=True, slots=True)
 class DumpStack:
     """Ask the slot's worker (not its group) to write its Python stack, then exit."""
-    slot: int
+    index: int
 
 
 @dataclass(frozen=True, slots=True)
 class Misbehaved:
     """The slot's worker broke the protocol (``reason`` says how): log it, read nothing
     more from it. (Its running task's ``FailMisbehaved`` and its kill follow.)"""
-    slot: int
+    index: int
     reason: str = _payload("")
 
 
@@ -136,7 +138,7 @@ class Departure(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class WorkerGone:
     """The slot's worker has exited (first of the actions its exit causes)."""
-    slot: int
+    index: int
     departure: Departure
     exited: Any = _payload()
 
@@ -149,7 +151,7 @@ class Broken:
 @dataclass(frozen=True, slots=True)
 class Unreaped:
     """The slot's process survived SIGKILL's grace period: report it by pid."""
-    slot: int
+    index: int
 
 
 Action = Union[Spawn, Send, Resolve, FailDied, FailMisbehaved, FailTimedOut, FailTerminated,

@@ -143,7 +143,7 @@ class Dispatcher:
                                      timeouts=timeouts,
                                      idle_timeout=idle_timeout)
         self._tasks: dict[int, TaskRecord] = {}
-        self._workers: dict[int, WorkerHandle] = {}  # slot index -> live worker
+        self._workers: dict[int, WorkerHandle] = {}  # a slot's index -> its live worker
         self._abandoned: list[WorkerHandle] = []     # survived SIGKILL's grace; reported
         self._lingering: dict[int, float] = {}       # process group -> when to give up on it
         self._start_failures = StartFailures(self.name)
@@ -469,15 +469,15 @@ class Dispatcher:
                 return
 
     def deliver_replies(self, ready: set[int]) -> None:
-        for slot, worker in list(self._workers.items()):
+        for index, worker in list(self._workers.items()):
             if worker.reader.fd in ready:
-                self._read_worker(slot, worker)
+                self._read_worker(index, worker)
 
     def handle_exits(self, ready: set[int]) -> None:
-        for slot, worker in list(self._workers.items()):
+        for index, worker in list(self._workers.items()):
             if worker.sentinel in ready:
-                self._read_worker(slot, worker)  # replies before deaths, to the last byte
-                self._worker_gone(slot, worker)
+                self._read_worker(index, worker)  # replies before deaths, to the last byte
+                self._worker_gone(index, worker)
 
     def fire_deadlines(self) -> None:
         self._perform(self._machine.tick())
@@ -498,27 +498,27 @@ class Dispatcher:
 
     # -- replies and exits ----------------------------------------------------------------------
 
-    def _read_worker(self, slot: int, worker: WorkerHandle) -> None:
+    def _read_worker(self, index: int, worker: WorkerHandle) -> None:
         if worker.misbehaved:
             return  # the machine called it misbehaving: nothing more is read from it
         for frame in worker.read():
             try:
-                actions = self._frame_arrived(slot, worker, frame)
+                actions = self._frame_arrived(index, worker, frame)
             except _frames.MalformedFrame as exc:
                 actions = self._machine.worker_misbehaved(
-                    slot, f"a {frame.kind.name} frame that is not a reply ({exc})")
+                    index, f"a {frame.kind.name} frame that is not a reply ({exc})")
             self._perform(actions)
             if worker.misbehaved:
                 return
         if worker.reader.error:  # after those frames, bytes that are not a frame
-            self._perform(self._machine.worker_misbehaved(slot, worker.reader.error))
+            self._perform(self._machine.worker_misbehaved(index, worker.reader.error))
 
-    def _frame_arrived(self, slot: int, worker: WorkerHandle, frame: Frame
+    def _frame_arrived(self, index: int, worker: WorkerHandle, frame: Frame
                        ) -> list[_actions.Action]:
         """Tell the machine what the frame says, decoded here, where it arrived. Raises
         MalformedFrame (before telling anything) if its body is not what its kind says."""
         if frame.kind is Kind.READY:
-            return self._machine.worker_ready(slot, pipelining=worker.reclaim_fd is not None)
+            return self._machine.worker_ready(index, pipelining=worker.reclaim_fd is not None)
         if frame.kind is Kind.INIT_FAILED:
             worker.start_error = _pickling.decode_exception(frame.body)
             self._decoded_errors.append(worker.start_error)
@@ -529,16 +529,16 @@ class Dispatcher:
             logger.info("%s: worker pid %d uses %d bytes, above max_memory_per_child; "
                         "replacing it after this task", self.name, worker.pid,
                         int.from_bytes(frame.body, "big"))
-            return self._machine.worker_over_memory(slot)
+            return self._machine.worker_over_memory(index)
         outcome = _pickling.decode_outcome(frame)
         worker.tasks_run += 1
         if not outcome[0]:
             self._decoded_errors.append(outcome[1])
-        return self._machine.task_replied(slot, frame.task_id, outcome)
+        return self._machine.task_replied(index, frame.task_id, outcome)
 
-    def _worker_gone(self, slot: int, worker: WorkerHandle) -> None:
+    def _worker_gone(self, index: int, worker: WorkerHandle) -> None:
         exited = worker.finish()
-        del self._workers[slot]
+        del self._workers[index]
         self._publish_processes()
         if exited.exitcode is None:
             logger.error("%s: worker pid %d exited but could not be reaped", self.name,
@@ -547,7 +547,7 @@ class Dispatcher:
         if exited.group_left:  # SIGKILLed with the worker; they may take a moment to go
             self._lingering[exited.pid] = time.monotonic() + self._timeouts.kill
         self._perform(self._machine.worker_exited(
-            slot, unread_bytes=exited.unread_task_bytes, exited=exited))
+            index, unread_bytes=exited.unread_task_bytes, exited=exited))
 
     def _departed(self, action: _actions.WorkerGone) -> None:
         """Count and log a worker's exit as the machine says it left."""
@@ -590,7 +590,7 @@ class Dispatcher:
 
     def _perform_one(self, action: _actions.Action) -> list[_actions.Action]:
         if isinstance(action, _actions.Send):
-            return self._send(action.slot, self._tasks[action.task_id])
+            return self._send(action.index, self._tasks[action.task_id])
         if isinstance(action, _actions.Resolve):
             record = self._tasks.pop(action.task_id)
             ok, value = action.outcome
@@ -609,13 +609,13 @@ class Dispatcher:
         elif isinstance(action, _actions.WorkerGone):
             self._departed(action)
         elif isinstance(action, _actions.Misbehaved):
-            worker = self._workers[action.slot]
+            worker = self._workers[action.index]
             worker.misbehaved = action.reason
             logger.error("%s: worker pid %d sent %s; killing it", self.name, worker.pid,
                          action.reason)
         elif isinstance(action, _actions.FailMisbehaved):
             record = self._tasks.pop(action.task_id)
-            pid = self._workers[action.slot].pid
+            pid = self._workers[action.index].pid
             self._count_end(record, Outcome.FAILED)
             resolve(record.future, None, WorkerProtocolError(
                 f"worker pid {pid} sent bytes that are not a reply while running "
@@ -632,18 +632,18 @@ class Dispatcher:
             self._counters.ended(Outcome.STOPPED if ran else Outcome.CANCELLED)
             record.future._end_cancelled()
         elif isinstance(action, _actions.Spawn):
-            return self._spawn(action.slot)
+            return self._spawn(action.index)
         elif isinstance(action, _actions.Reclaim):
-            taken_back = self._workers[action.slot].reclaim()
-            return self._machine.tasks_reclaimed(action.slot, taken_back)
+            taken_back = self._workers[action.index].reclaim()
+            return self._machine.tasks_reclaimed(action.index, taken_back)
         elif isinstance(action, _actions.AskToExit):
-            self._workers[action.slot].close_task_pipe()
+            self._workers[action.index].close_task_pipe()
         elif isinstance(action, _actions.Signal):
-            self._workers[action.slot].signal(action.signum)
+            self._workers[action.index].signal(action.signum)
         elif isinstance(action, _actions.DumpStack):
-            self._workers[action.slot].dump_stack()
+            self._workers[action.index].dump_stack()
         elif isinstance(action, _actions.Unreaped):
-            self._abandon(action.slot)
+            self._abandon(action.index)
         elif isinstance(action, _actions.Broken):
             with self._lock:
                 self.broken_error = self._start_failures.error(_state.MAX_START_FAILURES)
@@ -660,48 +660,48 @@ class Dispatcher:
                  else RuntimeError("cannot schedule new futures after shutdown"))
         resolve(record.future, None, error)
 
-    def _abandon(self, slot: int) -> None:
+    def _abandon(self, index: int) -> None:
         """The worker outlived SIGKILL's grace (stuck in the kernel): report it by pid, free
         its slot, and try once more to reap it when the pool ends."""
-        worker = self._workers.pop(slot)
+        worker = self._workers.pop(index)
         self._publish_processes()
         logger.error("%s: worker pid %d is still alive %g s after SIGKILL; giving up on it "
                      "(its slot gets a new worker)", self.name, worker.pid, self._timeouts.kill)
         exited = worker.abandon()
         self._abandoned.append(worker)
         self._perform(self._machine.worker_exited(
-            slot, unread_bytes=exited.unread_task_bytes, exited=exited))
+            index, unread_bytes=exited.unread_task_bytes, exited=exited))
 
-    def _send(self, slot: int, record: TaskRecord) -> list[_actions.Action]:
+    def _send(self, index: int, record: TaskRecord) -> list[_actions.Action]:
         if not record.marked_running:
             if not record.future.set_running_or_notify_cancel():
                 self._counters.ended(Outcome.CANCELLED)
                 self._tasks.pop(record.info.task_id)
-                return self._machine.task_cancelled(slot, record.info.task_id)
+                return self._machine.task_cancelled(index, record.info.task_id)
             record.marked_running = True
-        self._workers[slot].send(record.info.task_id, record.body,  # written by flush_sends
+        self._workers[index].send(record.info.task_id, record.body,  # written by flush_sends
                                  record.frame_bytes)
         return []
 
     def flush_sends(self) -> None:
         """Write every frame queued this turn (so replies read in one batch are answered in
         one batch), after collecting the threads that finished writing a large frame."""
-        for slot, worker in list(self._workers.items()):
+        for index, worker in list(self._workers.items()):
             if worker.writer is not None and (failed := worker.collect_writer()) is not None:
-                self._perform(self._machine.send_failed(slot, failed))
-        while pending := [(slot, w) for slot, w in self._workers.items()
+                self._perform(self._machine.send_failed(index, failed))
+        while pending := [(index, w) for index, w in self._workers.items()
                           if w.outbox and w.writer is None]:
-            for slot, worker in pending:
+            for index, worker in pending:
                 # Not written: the worker died before reading them, so they never started;
                 # its sentinel follows. Requeued last-first, so that they keep their order.
                 for task_id in reversed(worker.flush()):
-                    self._perform(self._machine.send_failed(slot, task_id))
+                    self._perform(self._machine.send_failed(index, task_id))
 
     def _wake(self) -> None:
         if self._wakeup is not None:
             self._wakeup.wake()
 
-    def _spawn(self, slot: int) -> list[_actions.Action]:
+    def _spawn(self, index: int) -> list[_actions.Action]:
         assert self._lifeline is not None
         inherited = None
         if self._fork:  # a forked child holds copies of everything: say what to close
@@ -710,14 +710,14 @@ class Dispatcher:
         else:  # the worker imports the main script again: it must still be named
             keep_main_importable()
         try:
-            self._workers[slot] = WorkerHandle.start(
-                self._ctx, f"{self.name}-worker-{slot}", lifeline_fd=self._lifeline[0],
+            self._workers[index] = WorkerHandle.start(
+                self._ctx, f"{self.name}-worker-{index}", lifeline_fd=self._lifeline[0],
                 initializer=self._initializer, max_tasks=self._max_tasks,
                 max_memory=self._max_memory, inherited_fds=inherited,
                 on_write_done=self._wake)
         except Exception as exc:
             self._start_failures.spawn_raised(exc)
-            return self._machine.spawn_failed(slot)
+            return self._machine.spawn_failed(index)
         self._counters.workers_started += 1
         self._publish_processes()
         return []
@@ -728,8 +728,8 @@ class Dispatcher:
         queued, sent = self.census = (0, 0) if failed else self._machine.census()
         now = time.monotonic()
         workers = []
-        for slot, worker in sorted(self._workers.items()):
-            task_id = None if failed else self._machine.running_task(slot)
+        for index, worker in sorted(self._workers.items()):
+            task_id = None if failed else self._machine.running_task(index)
             started = None if task_id is None else self._machine.started_at(task_id)
             workers.append(WorkerStats(
                 pid=worker.pid, tasks_run=worker.tasks_run,
@@ -771,11 +771,11 @@ class Dispatcher:
 
     def _release(self) -> None:
         """Reap every worker left (only after a failure) and close every descriptor."""
-        for slot, worker in list(self._workers.items()):
+        for index, worker in list(self._workers.items()):
             if worker.finish().exitcode is None:
                 logger.error("%s: worker pid %d could not be reaped", self.name, worker.pid)
                 self._abandoned.append(worker)
-            del self._workers[slot]
+            del self._workers[index]
         self._publish_processes()
         self._publish_census()
         for worker in self._abandoned:  # one last try; a process stuck for good stays named

@@ -35,7 +35,7 @@ SMALL, LARGE = 100, 10_000
 def exited(m: StateMachine, slot: int, **kwargs: object) -> list:
     """``worker_exited``'s actions after the first, which always says how the worker left."""
     actions = m.worker_exited(slot, **kwargs)  # type: ignore[arg-type]
-    assert isinstance(actions[0], WorkerGone) and actions[0].slot == slot, actions
+    assert isinstance(actions[0], WorkerGone) and actions[0].index == slot, actions
     return actions[1:]
 
 

@@ -58,38 +58,38 @@ class World:
         while work:
             action = work.pop(0)
             if isinstance(action, act.Spawn):
-                assert action.slot not in self.alive, "spawned into a live slot"
+                assert action.index not in self.alive, "spawned into a live slot"
                 if self.rng.random() < 0.05:
-                    work += self.machine.spawn_failed(action.slot)
+                    work += self.machine.spawn_failed(action.index)
                 else:
-                    self.alive[action.slot] = {"ready": False}
+                    self.alive[action.index] = {"ready": False}
             elif isinstance(action, act.Send):
-                assert action.slot in self.alive and self.alive[action.slot]["ready"]
+                assert action.index in self.alive and self.alive[action.index]["ready"]
                 roll = self.rng.random()
                 if roll < 0.1:
                     self.end(action.task_id, "cancelled at send")
-                    work += self.machine.task_cancelled(action.slot, action.task_id)
+                    work += self.machine.task_cancelled(action.index, action.task_id)
                 elif roll < 0.15:
-                    work += self.machine.send_failed(action.slot, action.task_id)
+                    work += self.machine.send_failed(action.index, action.task_id)
             elif isinstance(action, (act.Resolve, act.FailDied, act.FailMisbehaved,
                                      act.FailBroken, act.Cancel, act.Stopped,
                                      act.FailTimedOut, act.FailTerminated)):
                 self.end(action.task_id, type(action).__name__)
             elif isinstance(action, (act.AskToExit, act.Signal, act.DumpStack)):
-                assert action.slot in self.alive, f"{action} for a slot with no process"
+                assert action.index in self.alive, f"{action} for a slot with no process"
             elif isinstance(action, act.Reclaim):
                 # The worker reads its pipe while the parent takes tasks back: any of them
                 # may have gone either way (the running one rarely: it is read at once).
-                assert action.slot in self.alive, f"{action} for a slot with no process"
-                in_flight = list(self.machine.slots[action.slot].in_flight)
+                assert action.index in self.alive, f"{action} for a slot with no process"
+                in_flight = list(self.machine.slots[action.index].in_flight)
                 head_odds = 0.1
                 taken = [t for i, t in enumerate(in_flight)
                          if self.rng.random() < (head_odds if i == 0 else 0.6)]
-                work += self.machine.tasks_reclaimed(action.slot, taken)
+                work += self.machine.tasks_reclaimed(action.index, taken)
             elif isinstance(action, act.Unreaped):
-                assert action.slot in self.alive
-                del self.alive[action.slot]  # the dispatcher abandons it and says so
-                work += self.machine.worker_exited(action.slot)
+                assert action.index in self.alive
+                del self.alive[action.index]  # the dispatcher abandons it and says so
+                work += self.machine.worker_exited(action.index)
             elif isinstance(action, (act.Broken, act.WorkerGone, act.Misbehaved)):
                 pass
             else:
