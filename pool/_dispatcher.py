@@ -31,9 +31,8 @@
 
 Owns: the ``StateMachine`` (and with it the pool's life), the ``LoopLife`` that callers read
 (may submit() queue, does a command reach the loop), the task records, one ``WorkerHandle``
-per live worker, the
-pool's lifeline pipe, the wakeup handle, and the ``Counters`` behind ``stats()`` (published
-as ``self.stats`` when a caller's ``Sync`` arrives, never per turn).
+per live worker, the pool's lifeline pipe, the wakeup handle, and the ``Counters`` behind
+``stats()`` (published as ``self.stats`` when a caller's ``Sync`` arrives, never per turn).
 Runs in: the dispatcher thread, except the methods marked "caller thread".
 Guarantees:
 - replies already written by a worker are delivered before its exit is handled, so a task
@@ -94,13 +93,15 @@ _LINGERING_POLL_SECONDS = 0.01
 
 
 class LoopLife(enum.Enum):
-    """The loop's life as its callers see it (shared: read and moved under ``_lock``).
+    """The loop's life as its callers see it (shared: moved under ``_lock``, and read under
+    it wherever a decision depends on it; ``closing`` and ``repr`` read it without).
 
     The pool's own life (open, broken, draining, terminating, closed) is the state
     machine's ``PoolLife``, which the loop alone reads; this is what a caller thread needs
     to know without asking the loop: whether ``submit`` may queue, whether a command still
     reaches the loop, and whether anything is left to wait for. ``broken_error`` is not a
     state but what ``submit`` raises once set (workers cannot start, or the loop failed).
+    Its table lives here, not in ``_records`` (the state machine's), as the loop's own.
     """
 
     __hash__ = object.__hash__
@@ -151,8 +152,8 @@ class Dispatcher:
         self._injected_fault: BaseException | None = None  # tests: make the loop fail
         self._decoded_errors: list[BaseException] = []  # this turn's; see release_frames
         self._counters = Counters()
-        # Shared with caller threads: guarded by _lock (never taken by the loop itself
-        # except to publish a failure).
+        # Shared with caller threads: guarded by _lock (taken by the loop only to publish
+        # what callers decide on: broken_error and the LoopLife).
         self._lock = threading.Lock()
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._cancels: queue.SimpleQueue[int] = queue.SimpleQueue()  # see cancelled()
@@ -275,11 +276,12 @@ class Dispatcher:
                 self._commands.put(Shutdown(cancel_futures))
             if self._life is LoopLife.OPEN:
                 self._become(LoopLife.CLOSING)
-            if not started and self._life is not LoopLife.ENDED:
+            ends_now = not started and self._life is not LoopLife.ENDED
+            if ends_now:
                 self._become(LoopLife.ENDED)  # nothing ever ran: nothing to wait for
-        if not started:
+        if ends_now:  # (only the thread that ended it: two shutdowns may race here)
             self._signal_ended()
-        else:
+        if started:
             assert self._wakeup is not None
             self._wakeup.wake()
             if wait:
@@ -334,7 +336,7 @@ class Dispatcher:
 
     def _signal_ended(self) -> None:
         """Wake every waiter once the life is ENDED (outside ``_lock``: a done-callback of
-        ``finished`` runs here)."""
+        ``finished`` runs here). Called once, by the thread that moved the life to ENDED."""
         if not self.finished.done():
             self.finished.set_result(None)
         self._ended.set()
@@ -377,8 +379,11 @@ class Dispatcher:
             finally:  # even if releasing failed, nobody may wait for this loop forever
                 try:
                     with self._lock:
-                        if self._life is not LoopLife.ENDED:
+                        released = self._life is LoopLife.ENDED
+                        if not released:  # releasing raised before it got there
                             self._become(LoopLife.ENDED)
+                    if not released:
+                        self._answer_leftovers()
                 finally:
                     self._signal_ended()
 
@@ -519,10 +524,10 @@ class Dispatcher:
         MalformedFrame (before telling anything) if its body is not what its kind says."""
         if frame.kind is Kind.READY:
             return self._machine.worker_ready(index, pipelining=worker.reclaim_fd is not None)
-        if frame.kind is Kind.INIT_FAILED:
+        if frame.kind is Kind.INIT_FAILED:  # (kept for its exit, which says it failed to start)
             worker.start_error = _pickling.decode_exception(frame.body)
             self._decoded_errors.append(worker.start_error)
-            return []
+            return self._machine.worker_init_failed(index)
         if frame.kind is Kind.OVER_MEMORY:
             if len(frame.body) != 8:
                 raise _frames.MalformedFrame(f"{len(frame.body)} bytes, not 8")
@@ -620,10 +625,11 @@ class Dispatcher:
             resolve(record.future, None, WorkerProtocolError(
                 f"worker pid {pid} sent bytes that are not a reply while running "
                 f"{record.info.describe()}: {action.reason}"))
-        elif isinstance(action, _actions.FailBroken):
+        elif isinstance(action, _actions.FailBroken):  # (after Broken, which set the error)
             record = self._tasks.pop(action.task_id)
             self._count_end(record, Outcome.FAILED)
-            resolve(record.future, None, self._start_failures.error(_state.MAX_START_FAILURES))
+            assert self.broken_error is not None
+            resolve(record.future, None, fresh(self.broken_error))
         elif isinstance(action, (_actions.Cancel, _actions.Stopped)):
             # Ends cancelled even if it was already marked running: a task taken back
             # from a worker's pipe unread, then cancelled by shutdown or a stop.
@@ -652,13 +658,31 @@ class Dispatcher:
         return []
 
     def _refuse(self, record: TaskRecord) -> None:
-        """Fail a task that reached the loop after the pool closed: a caller queued it just
-        as a broken pool ended by itself (before it could see ``broken_error``)."""
+        """End a submission that reached the loop after the pool closed (a caller queued it
+        just as a broken pool ended by itself, before it could see ``broken_error``) or
+        failed: with ``broken_error``, unless its caller cancelled it."""
         self._counters.submitted += 1
-        self._counters.ended(Outcome.FAILED)
-        error = (fresh(self.broken_error) if self.broken_error is not None
-                 else RuntimeError("cannot schedule new futures after shutdown"))
-        resolve(record.future, None, error)
+        self._end_unrun(record, fresh(self.broken_error) if self.broken_error is not None
+                        else RuntimeError("cannot schedule new futures after shutdown"))
+
+    def _end_unrun(self, record: TaskRecord, error: BaseException) -> None:
+        """End a task that will never run: cancelled if its caller cancelled it (so that
+        ``wait`` and ``as_completed`` hear of it), else failed with ``error``."""
+        if record.future.cancelled():
+            self._counters.ended(Outcome.CANCELLED)
+            record.future._end_cancelled()
+        else:
+            self._counters.ended(Outcome.FAILED)
+            resolve(record.future, None, error)
+
+    def _answer_leftovers(self) -> None:
+        """Once the loop has failed or ended, answer every command still queued: nothing
+        will act on them (a ``Sync`` is released, a ``Submit`` refused)."""
+        for command in self._take_commands():
+            if isinstance(command, Sync):
+                command.done.set()
+            elif isinstance(command, Submit):
+                self._refuse(command.record)
 
     def _abandon(self, index: int) -> None:
         """The worker outlived SIGKILL's grace (stuck in the kernel): report it by pid, free
@@ -755,17 +779,10 @@ class Dispatcher:
         with self._lock:
             self.broken_error = error
             self._become(LoopLife.FAILED)  # (the machine's records no longer describe anything)
-        pending = list(self._tasks.values())
-        for command in self._take_commands():
-            if isinstance(command, Submit):
-                pending.append(command.record)
-                self._counters.submitted += 1
-            elif isinstance(command, Sync):
-                command.done.set()
-        for record in pending:
-            self._counters.ended(Outcome.FAILED)
-            resolve(record.future, None, fresh(error))
+        for record in self._tasks.values():
+            self._end_unrun(record, fresh(error))
         self._tasks.clear()
+        self._answer_leftovers()
         for worker in self._workers.values():
             worker.signal(signal.SIGKILL)
 
@@ -785,11 +802,7 @@ class Dispatcher:
         assert self._wakeup is not None and self._lifeline is not None
         with self._lock:
             self._become(LoopLife.ENDED)
-        for command in self._take_commands():  # nothing can be queued any more
-            if isinstance(command, Sync):
-                command.done.set()
-            elif isinstance(command, Submit):  # queued as a broken pool closed by itself
-                self._refuse(command.record)
+        self._answer_leftovers()
         self._wakeup.close()
         _teardown.close_fds(*self._lifeline)
         self._callbacks.close()

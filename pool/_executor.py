@@ -177,7 +177,7 @@ class ProcessPool(Executor):
             self._check_first_use()
         try:
             body = _pickling.encode_call(_pickling.dumps_callable(fn),
-                                     _pickling.dumps_arguments(fn, args, kwargs))
+                                         _pickling.dumps_arguments(fn, args, kwargs))
         except ArgumentPicklingError as exc:
             return failed(exc)
         return self._dispatcher.submit(fn, args, kwargs, body, timeout)

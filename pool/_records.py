@@ -35,11 +35,9 @@ class TaskState(enum.Enum):
 TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     TaskState.QUEUED: frozenset({TaskState.ASSIGNED, TaskState.RUNNING, TaskState.CANCELLED,
                                  TaskState.FAILED}),
-    # ASSIGNED -> FAILED when its worker died before starting it and the pool is broken.
-    TaskState.ASSIGNED: frozenset({TaskState.RUNNING, TaskState.QUEUED, TaskState.CANCELLED,
-                                   TaskState.FAILED}),
+    TaskState.ASSIGNED: frozenset({TaskState.RUNNING, TaskState.QUEUED, TaskState.CANCELLED}),
     # RUNNING -> QUEUED only when the write to the worker failed, or the worker died before
-    # reading all of it: either way it never started (and the pool is not broken).
+    # reading all of it: either way it never started.
     TaskState.RUNNING: frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED,
                                   TaskState.QUEUED}),
     TaskState.DONE: frozenset(),
@@ -77,8 +75,9 @@ class PoolLife(enum.Enum):
 
     OPEN = "open"                # takes tasks; a slot that empties is refilled
     BROKEN = "broken"            # workers keep failing to start: no worker is started again,
-                                 # every task not yet sent fails (now and later); what runs
-                                 # finishes, idle workers are stopped, then the pool closes
+                                 # what is queued fails (and what is queued later, unless a
+                                 # READY worker takes it); what was sent runs, idle workers
+                                 # are stopped, then the pool closes
     DRAINING = "draining"        # shutdown: what was submitted runs (workers are started for
                                  # it), then every worker is asked to stop
     TERMINATING = "terminating"  # terminate/kill_workers: what has not started is cancelled,

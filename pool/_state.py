@@ -21,10 +21,12 @@ Guarantees:
 - every task ends in exactly one of DONE, FAILED or CANCELLED, and every slot ends EMPTY
   or UNUSED before the machine reports ``closed``;
 - the pool's life moves only as ``LIFE_TRANSITIONS`` allows: after ``MAX_START_FAILURES``
-  failed starts in a row it is BROKEN, and a broken pool holds no queue (every task not yet
-  running fails with ``FailBroken``, a task its dead worker never started included), starts
-  nothing, lets running tasks finish and closes by itself: nothing waits for a worker that
-  will never come;
+  failed starts in a row it is BROKEN. Then what waits in the queue fails (``FailBroken``),
+  and so does every task submitted later; tasks already sent run on the workers that did
+  start, and a task that goes back to the queue (taken back from a pipe, or never started
+  by a worker that died) waits only while a READY worker is left to take it, else it fails
+  too. Nothing is started, idle workers are stopped, and once nothing runs the broken pool
+  closes by itself: nothing waits for a worker that will never come;
 - it is the only authority on the protocol: a worker's frame out of turn (a reply for a
   task it is not running, a READY once ready) is the worker misbehaving, answered like
   garbage on the wire (``Misbehaved``, its running task ``FailMisbehaved``, a kill); an
@@ -44,9 +46,9 @@ from typing import Callable
 from ._actions import (Action, AskToExit, Broken, Cancel, Departure, DumpStack, FailBroken,
                        FailDied, FailMisbehaved, FailTerminated, FailTimedOut, Misbehaved,
                        Reclaim, Resolve, Send, Signal, Spawn, Stopped, Unreaped, WorkerGone)
-from ._records import (SLOT_TRANSITIONS, TASK_TRANSITIONS, Ending, Escalation,
-                       InvalidTransition, LIFE_TRANSITIONS, PoolLife, Slot, SlotState, Task, TaskQueue, TaskState,
-                       Timeouts)
+from ._records import (LIFE_TRANSITIONS, SLOT_TRANSITIONS, TASK_TRANSITIONS, Ending,
+                       Escalation, InvalidTransition, PoolLife, Slot, SlotState, Task,
+                       TaskQueue, TaskState, Timeouts)
 
 __all__ = ["StateMachine", "MAX_START_FAILURES", "RECLAIM_AFTER_SECONDS", "SHORT_TASK_SECONDS"]
 
@@ -230,6 +232,15 @@ class StateMachine:
         self._move_slot(slot, SlotState.READY)
         return self._schedule()
 
+    def worker_init_failed(self, index: int) -> list[Action]:
+        """The worker says its initializer failed; it exits next, and that exit is a failed
+        start. Only a starting worker may say so: from one already ready, it is the worker
+        misbehaving."""
+        if self.slots[index].state in _RUNNING_STATES:
+            return self.worker_misbehaved(
+                index, "an INIT_FAILED frame from a worker already ready")
+        return []
+
     def worker_over_memory(self, index: int) -> list[Action]:
         """The worker reported (before its reply) that it uses more memory than allowed."""
         slot = self.slots[index]
@@ -276,12 +287,12 @@ class StateMachine:
     def send_failed(self, index: int, task_id: int) -> list[Action]:
         """Writing the task to its worker failed: the worker never got it, and is broken.
 
-        The task goes back to the front of the queue; the worker is killed (its exit,
-        handled later, fails whatever it had already received and was running).
+        The task goes back to the front of the queue (as any task that never started:
+        ``_requeue``); the worker is killed (its exit, handled later, fails whatever it had
+        already received and was running).
         """
         slot, actions = self._withdraw(index, task_id)
-        self._move_task(self._tasks[task_id], TaskState.QUEUED)
-        self._queue.appendleft(task_id)
+        actions += self._requeue([task_id])
         return actions + self._kill(slot) + self._schedule()
 
     def _withdraw(self, index: int, task_id: int) -> tuple[Slot, list[Action]]:
@@ -536,17 +547,14 @@ class StateMachine:
     def _requeue(self, task_ids: list[int]) -> list[Action]:
         """Tasks sent to a worker (in send order) that never started: safe to run elsewhere,
         ahead of the queue so that they keep their place; when terminating, or when their
-        caller asked to stop them, they are cancelled instead; when broken (no worker will
-        start to run them), they fail as the queue's tasks did."""
+        caller asked to stop them, they are cancelled instead. (In a broken pool, the queue
+        keeps them only while a worker can take them: ``_schedule``.)"""
         actions: list[Action] = []
         for task_id in reversed(task_ids):
             task = self._tasks[task_id]
             if self.life is PoolLife.TERMINATING or task.stop_requested:
                 self._move_task(task, TaskState.CANCELLED)
                 actions.append(Stopped(task.task_id))
-            elif self.life is PoolLife.BROKEN:
-                self._move_task(task, TaskState.FAILED)
-                actions.append(FailBroken(task.task_id))
             else:
                 self._move_task(task, TaskState.QUEUED)
                 self._queue.appendleft(task.task_id)
@@ -554,9 +562,12 @@ class StateMachine:
 
     def _break(self) -> list[Action]:
         """Workers keep failing to start: fail what waits, start nothing more (a broken
-        pool drains: ``_stop_idle``)."""
+        pool ends as a draining one does: ``_stop_idle``)."""
         self._move_life(PoolLife.BROKEN)
-        actions: list[Action] = [Broken()]
+        return [Broken()] + self._fail_queue()
+
+    def _fail_queue(self) -> list[Action]:
+        actions: list[Action] = []
         while self._queue:
             task_id = self._queue.popleft()
             self._move_task(self._tasks[task_id], TaskState.FAILED)
@@ -564,8 +575,13 @@ class StateMachine:
         return actions
 
     def _schedule(self) -> list[Action]:
-        """Assign queued tasks, start or refill workers, stop idle ones when draining."""
+        """Assign queued tasks, start or refill workers, stop idle ones when the pool is
+        ending. In a broken pool, what is still queued once no READY worker is left to
+        take it fails: no worker will come for it."""
         actions = self._assign() if self._queue else []
+        if (self._queue and self.life is PoolLife.BROKEN
+                and not self._in_state[SlotState.READY]):
+            actions += self._fail_queue()
         actions += self._spawn()
         actions += self._stop_idle()
         return actions
@@ -644,14 +660,14 @@ class StateMachine:
         open_ = self.life is PoolLife.OPEN
         if open_ and not self._in_state[SlotState.RETIRING]:
             return actions  # the common case, checked cheaply
-        draining = not open_ and not self._queue
+        winding_down = not open_ and not self._queue
         for slot in self.slots:
             idle = not slot.in_flight
             if slot.state is SlotState.RETIRING and idle:
                 actions.append(self._ask_to_stop(slot))
-            elif draining and slot.state is SlotState.READY and idle:
+            elif winding_down and slot.state is SlotState.READY and idle:
                 actions.append(self._ask_to_stop(slot))
-            elif draining and slot.state is SlotState.STARTING:
+            elif winding_down and slot.state is SlotState.STARTING:
                 # Not needed any more; it exits at end of file once its initializer is done.
                 actions.append(self._ask_to_stop(slot))
         if open_ or self.life is PoolLife.CLOSED:

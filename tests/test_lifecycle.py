@@ -147,9 +147,16 @@ running = [p.submit(tasks.announce_then_wait, "pids", gate) for _ in range(2)]
 queued = [p.submit(tasks.square, i) for i in range(3)]
 helpers.wait_until(lambda: len(tasks.announced_pids("pids")) == 2, 60)
 pids = tasks.announced_pids("pids")
+# Cancelled by its caller just before the failure (the loop has not taken it out of the
+# queue yet): it must end cancelled, and be seen to by wait().
+cancelled = p.submit(tasks.square, 9)
+assert p.stats().queued == 4  # (the loop has queued it)
+assert cancelled.cancel()
 p._dispatcher._injected_fault = RuntimeError("injected")
 p._dispatcher._wakeup.wake()
 errors = [f.exception(30) for f in running + queued]
+import concurrent.futures
+seen_cancelled = cancelled in concurrent.futures.wait([cancelled], timeout=10).done
 try:
     p.submit(tasks.square, 1)
     later = None
@@ -158,7 +165,8 @@ except pool.PoolInternalError as exc:
 p.shutdown()
 report(errors=[type(e).__name__ for e in errors],
        causes=[repr(e.__cause__) for e in errors], later=later,
-       alive=[pid for pid in pids if helpers.process_exists(pid)])
+       alive=[pid for pid in pids if helpers.process_exists(pid)],
+       seen_cancelled=seen_cancelled, stats=p.stats().cancelled)
 '''
 
 
@@ -169,6 +177,57 @@ def test_dispatcher_failure_resolves_every_future_and_kills_workers(method, tmp_
     assert all("RuntimeError('injected')" == cause for cause in facts["causes"])
     assert "injected" in facts["later"]
     assert facts["alive"] == [] and facts["children_left"] == []
+    assert facts["seen_cancelled"] and facts["stats"] == 1
+
+
+def test_concurrent_shutdowns_of_a_pool_that_never_started_all_return():
+    # The last shutdown() of a pool with no thread ends it; two at once must not both try
+    # (the second used to raise InvalidStateError, setting ``finished`` twice).
+    class SlowToAnswer(cf.Future):  # widens the window between asking and setting
+        def done(self) -> bool:
+            answer = super().done()
+            time.sleep(0.005)
+            return answer
+
+    for _ in range(20):
+        p = pool.ProcessPool(1)
+        p._dispatcher.finished = SlowToAnswer()
+        barrier = threading.Barrier(4)
+        errors: list[BaseException] = []
+
+        def close() -> None:
+            barrier.wait()
+            try:
+                p.shutdown()
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=close) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert errors == [] and p._dispatcher.finished.done()
+        with pytest.raises(RuntimeError, match="after shutdown"):
+            p.submit(tasks.square, 1)
+
+
+def test_a_submission_refused_after_the_loop_ended_is_failed_or_cancelled_and_heard_of():
+    # What reaches the loop after its pool closed (a broken pool ends by itself while a
+    # caller is submitting) or failed: failed, or cancelled if its caller cancelled it, and
+    # in both cases seen by wait() (a cancelled future needs notifying, not resolving).
+    from pool._commands import TaskRecord
+    p = pool.ProcessPool(1)
+    p.shutdown()
+    futures = [pool.PoolFuture(), pool.PoolFuture()]
+    assert futures[1].cancel()
+    for task_id, future in enumerate(futures, 1):
+        p._dispatcher._refuse(TaskRecord(pool.TaskInfo(task_id, tasks.square, (1,), {}),
+                                         future, [], 0, None))
+    assert cf.wait(futures, timeout=5).not_done == set()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        futures[0].result()
+    assert futures[1].cancelled()
 
 
 def test_callbacks_never_run_on_the_dispatcher_thread(ctx, caplog):

@@ -98,6 +98,17 @@ def test_a_second_ready_is_the_worker_misbehaving_and_one_while_stopping_is_igno
     assert m2.worker_ready(0) == []
 
 
+def test_init_failed_is_a_starting_workers_word_and_out_of_turn_from_a_ready_one():
+    m, _ = machine(1)
+    m.submit(1, frame_bytes=LARGE)
+    assert m.worker_init_failed(0) == []  # starting: its exit will count as a failed start
+    assert [type(a) for a in m.worker_exited(0)] == [WorkerGone, Spawn]
+    assert m.start_failures == 1
+    start(m, 0)
+    assert m.worker_init_failed(0) == [Misbehaved(0), FailMisbehaved(1, 0),
+                                       Signal(0, signal.SIGKILL)]
+
+
 def test_a_reply_carries_its_outcome_to_resolve_and_a_death_its_exit_to_the_failure():
     m, _ = machine(1)
     m.submit(1, frame_bytes=LARGE), m.submit(2, frame_bytes=LARGE)
@@ -232,6 +243,40 @@ def test_a_broken_pool_lets_running_tasks_finish_stops_idle_workers_then_closes(
     assert m.shutdown(cancel_futures=False) == []  # already draining
     assert exited(m, 1) == [] and not m.closed
     assert m.task_replied(0, 1) == [Resolve(1), AskToExit(0)]
+    assert exited(m, 0) == [] and m.closed
+
+
+def test_a_broken_pool_runs_tasks_taken_back_on_a_worker_that_did_start():
+    m, clock = machine(2, pipeline_depth=2)
+    m.submit(1, frame_bytes=SMALL), m.submit(2, frame_bytes=SMALL)
+    start_warm(m, 0)  # 1 runs, 2 is sent ahead behind it
+    for _ in range(MAX_START_FAILURES):
+        exited(m, 1)
+    clock.now += RECLAIM_AFTER_SECONDS
+    assert m.tick() == [Reclaim(0)]
+    assert m.tasks_reclaimed(0, [2]) == []  # queued again: slot 0 is READY and will take it
+    assert m.task_replied(0, 1) == [Resolve(1), Send(0, 2)]
+    assert m.task_replied(0, 2) == [Resolve(2), AskToExit(0)]
+    assert exited(m, 0) == [] and m.closed
+
+
+def test_a_failed_write_in_a_broken_pool_fails_the_task_once_no_worker_is_left():
+    m, _ = machine(2)
+    m.submit(1, frame_bytes=LARGE), m.submit(2, frame_bytes=LARGE)
+    start(m, 0)
+    for _ in range(MAX_START_FAILURES):
+        exited(m, 1)
+    # Back in the queue, but the only worker is being killed: no worker is left to take it.
+    assert m.send_failed(0, 1) == [Signal(0, signal.SIGKILL), FailBroken(1)]
+    assert exited(m, 0) == [] and m.closed  # (it used to wait in the queue for good)
+
+
+def test_a_failed_write_while_terminating_cancels_the_task():
+    m, _ = machine(1)
+    m.submit(1, frame_bytes=LARGE)
+    start(m, 0)
+    m.terminate(signal.SIGTERM)
+    assert m.send_failed(0, 1) == [Stopped(1), Signal(0, signal.SIGKILL)]
     assert exited(m, 0) == [] and m.closed
 
 

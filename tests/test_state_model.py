@@ -2,7 +2,8 @@
 
 A small simulated dispatcher owns fake worker processes and feeds the machine every event
 a real one could produce, in random order: submissions (some with timeouts), READY,
-replies (some out of turn: for a task not running, a second READY), deaths (with some of
+replies (some out of turn: for a task not running, a second READY, an INIT_FAILED from a
+ready worker), deaths (with some of
 the bytes last written left unread, down to part of a frame), tasks taken back from a pipe,
 cancellations and failed writes discovered at send time, garbage, over-memory reports, stop
 requests, shutdown, terminate / kill, workers that keep dying as they start (until the pool
@@ -157,8 +158,10 @@ class World:
                 wrong = rng.choice([t for t in range(1, self.next_task + 1)
                                     if t != m.slots[slot].in_flight[0]])
                 self.perform(m.task_replied(slot, wrong, (True, None)))
-            else:
+            elif rng.random() < 0.5:
                 self.perform(m.worker_ready(rng.choice(ready)))
+            else:
+                self.perform(m.worker_init_failed(rng.choice(ready)))
         elif choice == "memory":
             self.perform(m.worker_over_memory(rng.choice(busy)))
         elif choice == "stop":  # any task, perhaps one that has ended already
@@ -227,8 +230,9 @@ def test_random_event_sequences_keep_every_guarantee(seed):
             assert all(m.task_state(t) is TaskState.QUEUED for t in queued)
             counted = {state: n for state, n in m._in_state.items() if n}
             assert counted == collections.Counter(s.state for s in m.slots)
-            if m.life is PoolLife.BROKEN:
-                assert not m.queued, "a broken pool holds a queue no worker will take"
+            if m.life is PoolLife.BROKEN and m.queued:
+                assert any(s.state is SlotState.READY for s in m.slots), \
+                    "a broken pool holds a queue no worker will take"
             if m.queued and not (m.life is PoolLife.TERMINATING or world.unscheduled):
                 # queued work always has a worker starting or running
                 assert any(s.state not in (SlotState.UNUSED, SlotState.EMPTY)
