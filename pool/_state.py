@@ -203,13 +203,14 @@ class StateMachine:
         worker's pipe it fills. ``schedule=False`` only queues it, for a burst of
         submissions that ends with one ``schedule()`` (sending them task by task would cost
         a pass over the slots for each)."""
-        if self.life not in (PoolLife.OPEN, PoolLife.BROKEN):
-            raise InvalidTransition(f"submit while {self.life.name}")
+        life = self.life
+        if life is not PoolLife.OPEN and life is not PoolLife.BROKEN:
+            raise InvalidTransition(f"submit while {life.name}")
         if task_id in self._tasks:
             raise InvalidTransition(f"task {task_id} submitted twice")
         task = Task(task_id, frame_bytes, frame_bytes <= self._ahead_max_frame, timeout)
         self._tasks[task_id] = task
-        if self.life is PoolLife.BROKEN:  # (submitted before the caller could know)
+        if life is PoolLife.BROKEN:  # (submitted before the caller could know)
             self._move_task(task, TaskState.FAILED)
             return [FailBroken(task_id)]
         self._queue.append(task_id)
@@ -579,7 +580,7 @@ class StateMachine:
         ending. In a broken pool, what is still queued once no READY worker is left to
         take it fails: no worker will come for it."""
         actions = self._assign() if self._queue else []
-        if (self._queue and self.life is PoolLife.BROKEN
+        if (self.life is PoolLife.BROKEN and self._queue
                 and not self._in_state[SlotState.READY]):
             actions += self._fail_queue()
         actions += self._spawn()
