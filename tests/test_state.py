@@ -215,16 +215,23 @@ def test_repeated_start_failures_break_the_pool_and_fail_waiting_tasks():
     assert m.closed  # broken, with nothing left to run: it ends by itself
 
 
+def broken_while_slot_0_runs_task_1() -> StateMachine:
+    """Slot 0 runs task 1; task 2 waited for slot 1, whose workers kept failing to start."""
+    m, _ = machine(2)
+    m.submit(1, frame_bytes=LARGE), m.submit(2, frame_bytes=LARGE)
+    start(m, 0)
+    for _ in range(MAX_START_FAILURES - 1):
+        exited(m, 1)
+    assert exited(m, 1) == [Broken(), FailBroken(2)]
+    assert m.life is PoolLife.BROKEN and m.queued == []
+    return m
+
+
 def test_a_broken_pool_fails_a_task_its_dying_worker_never_started_and_closes():
     # Slot 0 runs task 1 while slot 1 keeps failing to start: the pool breaks. When slot 0's
     # worker then dies before reading task 1, no worker will ever run it: it fails at once
     # (it used to wait in the queue, and shutdown never finished).
-    m, _ = machine(2)
-    m.submit(1, frame_bytes=LARGE), m.submit(2, frame_bytes=LARGE)
-    start(m, 0)
-    for _ in range(MAX_START_FAILURES):
-        exited(m, 1)
-    assert m.life is PoolLife.BROKEN and m.queued == []
+    m = broken_while_slot_0_runs_task_1()
     assert exited(m, 0, unread_bytes=LARGE) == [FailBroken(1)]
     assert m.closed  # nothing runs, nothing waits: the broken pool ends by itself
 
@@ -261,11 +268,7 @@ def test_a_broken_pool_runs_tasks_taken_back_on_a_worker_that_did_start():
 
 
 def test_a_failed_write_in_a_broken_pool_fails_the_task_once_no_worker_is_left():
-    m, _ = machine(2)
-    m.submit(1, frame_bytes=LARGE), m.submit(2, frame_bytes=LARGE)
-    start(m, 0)
-    for _ in range(MAX_START_FAILURES):
-        exited(m, 1)
+    m = broken_while_slot_0_runs_task_1()
     # Back in the queue, but the only worker is being killed: no worker is left to take it.
     assert m.send_failed(0, 1) == [Signal(0, signal.SIGKILL), FailBroken(1)]
     assert exited(m, 0) == [] and m.closed  # (it used to wait in the queue for good)
