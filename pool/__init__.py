@@ -29,12 +29,41 @@ from ._errors import (ArgumentPicklingError, ArgumentUnpicklingError, Initialize
                       PoolInternalError, RemoteTaskError, ResultTransferError, TaskInfo,
                       SharedPoolConflict, TaskTimeout, WorkerDied, WorkerProtocolError,
                       WorkerTerminated)
-from ._aio import as_completed_async, to_process
-from ._executor import ProcessPool, ProcessPoolExecutor
-from ._futures import PoolFuture
-from ._progress import as_completed
-from ._stats import PoolStats, WorkerStats
-from ._shared import Lease, shared
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers see; at run time these load on first use (below)
+    from ._aio import as_completed_async, to_process
+    from ._executor import ProcessPool, ProcessPoolExecutor
+    from ._futures import PoolFuture
+    from ._progress import as_completed
+    from ._shared import Lease, shared
+    from ._stats import PoolStats, WorkerStats
+
+# Loaded on first use, not by ``import pool``: every worker process imports this package
+# (its main is ``pool._worker``), and needs none of the executor, the dispatcher or asyncio.
+# Each worker start under spawn and forkserver paid for importing them.
+_LAZY = {
+    "as_completed_async": "_aio", "to_process": "_aio",
+    "ProcessPool": "_executor", "ProcessPoolExecutor": "_executor",
+    "PoolFuture": "_futures",
+    "as_completed": "_progress",
+    "Lease": "_shared", "shared": "_shared",
+    "PoolStats": "_stats", "WorkerStats": "_stats",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(f".{module_name}", __name__), name)
+    globals()[name] = value  # (later lookups do not come here again)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 __all__ = [
     "ProcessPool",
@@ -70,7 +99,7 @@ __version__ = "0.2.0"
 # resolve through this module, which exports every one of them. (Only exceptions: classes
 # with annotations of their own must keep their module, or typing.get_type_hints breaks.)
 for _name in __all__:
-    _obj = globals()[_name]
+    _obj = globals().get(_name)  # (the exceptions are all loaded: _errors is not lazy)
     if isinstance(_obj, type) and issubclass(_obj, BaseException):
         _obj.__module__ = __name__
 del _name, _obj

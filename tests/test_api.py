@@ -30,6 +30,37 @@ def test_all_is_pinned():
         assert getattr(pool, name).__doc__, f"{name} has no docstring"
 
 
+def test_a_worker_imports_only_what_a_worker_runs():
+    # Every worker imports this package (its main is pool._worker): the executor, the
+    # dispatcher, the state machine and asyncio load only where they are used, so that a
+    # worker's start under spawn and forkserver does not pay for them.
+    import subprocess
+    import sys
+    code = ("import sys, pool._worker; print(sorted(m for m in ('pool._executor', "
+            "'pool._dispatcher', 'pool._state', 'pool._shared', 'pool._aio', 'asyncio') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_every_public_name_loads_on_first_use_and_is_listed():
+    import subprocess
+    import sys
+    code = ("import pool; names = dir(pool); "
+            "assert all(n in names for n in pool.__all__), names; "
+            "from pool import *; "
+            "assert all(n in globals() for n in pool.__all__); "
+            "import pool._executor; assert pool.ProcessPool is pool._executor.ProcessPool")
+    subprocess.run([sys.executable, "-c", code], timeout=60, check=True)
+    try:
+        pool.NoSuchThing  # type: ignore[attr-defined]
+    except AttributeError as exc:
+        assert "NoSuchThing" in str(exc)
+    else:
+        raise AssertionError("an unknown name resolved")
+
+
 def test_version_is_the_installed_distributions():
     from importlib import metadata
     assert pool.__version__ == metadata.version("pool")
