@@ -23,6 +23,7 @@ from typing import Any, AsyncGenerator, Callable, Iterable, Iterator, ParamSpec,
 from . import _aio, _mapping, _pickling
 from ._dispatcher import Dispatcher
 from ._errors import ArgumentPicklingError
+from ._forkserver import preload_in_forkserver
 from ._main_guard import check_main_is_guarded, check_not_daemonic, remember_main_script
 from ._futures import PoolFuture, failed
 from ._progress import Progress, ProgressTarget
@@ -256,8 +257,11 @@ class ProcessPool(Executor):
     def _check_first_use(self) -> None:
         """Before the first task: fail at once, with the fix, where workers would re-run
         the caller's own code (a main script without its ``__main__`` guard)."""
-        check_main_is_guarded(self._mp_context.get_start_method())
+        method = self._mp_context.get_start_method()
+        check_main_is_guarded(method)
         remember_main_script()
+        if method == "forkserver":  # so that a worker starts at the cost of a fork
+            preload_in_forkserver(self._mp_context, "pool._worker")
         self._main_checked = True
 
     def stats(self) -> PoolStats:

@@ -132,6 +132,29 @@ def test_a_broken_pool_finishes_its_running_task_then_ends_by_itself(ctx, tmp_pa
     p.shutdown()  # returns at once: everything has ended
 
 
+FORKSERVER_PRELOAD = '''
+from multiprocessing import forkserver
+CTX.set_forkserver_preload(["__main__", "json"])  # the user's own list, kept first
+with pool.ProcessPool(1, mp_context=CTX) as p:
+    p.submit(tasks.square, 2).result(60)
+    first = list(forkserver._forkserver._preload_modules)
+    server = forkserver._forkserver._forkserver_pid
+CTX.set_forkserver_preload(["__main__"])  # changed after the forkserver started
+with pool.ProcessPool(1, mp_context=CTX) as p:
+    p.submit(tasks.square, 2).result(60)
+report(first=first, later=list(forkserver._forkserver._preload_modules),
+       same_server=server == forkserver._forkserver._forkserver_pid)
+'''
+
+
+def test_the_forkserver_preloads_the_worker_after_the_users_modules(tmp_path):
+    # A worker forked from a forkserver that has imported pool._worker starts at the cost of
+    # a fork; the user's preload list comes first, and a running forkserver is left alone.
+    facts, _ = run_script(FORKSERVER_PRELOAD, "forkserver", tmp_path, timeout=90)
+    assert facts["first"] == ["__main__", "json", "pool._worker"]
+    assert facts["later"] == ["__main__"] and facts["same_server"]
+
+
 def test_a_flaky_initializer_is_retried(ctx, tmp_path):
     marker = tmp_path / "failed-once"
     with pool.ProcessPool(1, mp_context=ctx, initializer=tasks.fail_first_time,

@@ -1,0 +1,28 @@
+"""What the forkserver has imported before it forks a worker.
+
+Owns: nothing; one function, called in a caller's thread before a pool's first worker
+starts (``ProcessPool``, ``pool.dask``).
+Guarantees: modules are added to the forkserver's preload list only before the forkserver
+starts (it reads the list once, then forks every worker from what it has imported), after
+the modules already asked for and never in their place: the user's own
+``set_forkserver_preload`` and the default ``__main__`` still come first, and a forkserver
+that is already running is left as it is.
+Why: a worker forked from a forkserver that has not imported ``pool._worker`` (and, for a
+dask worker, ``distributed``) imports it itself, at every start and every refill after a
+death; one that has it starts at the cost of a fork.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def preload_in_forkserver(context: Any, *modules: str) -> None:
+    from multiprocessing import forkserver
+    server = forkserver._forkserver
+    if getattr(server, "_forkserver_pid", None) is not None:
+        return  # already running: it keeps what it has
+    preload = list(getattr(server, "_preload_modules", ["__main__"]))
+    missing = [name for name in modules if name not in preload]
+    if missing:
+        context.set_forkserver_preload(preload + missing)
