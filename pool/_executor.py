@@ -18,18 +18,24 @@ import threading
 import weakref
 from concurrent.futures import Executor
 from types import TracebackType
-from typing import Any, AsyncGenerator, Callable, Iterable, Iterator, ParamSpec, TypeVar
+from typing import (TYPE_CHECKING, Any, AsyncGenerator, Callable, Iterable, Iterator,
+                    ParamSpec, TypeVar)
 
-from . import _aio, _mapping, _pickling
-from ._dispatcher import Dispatcher
+from . import _pickling
 from ._errors import ArgumentPicklingError
 from ._forkserver import preload_in_forkserver
 from ._main_guard import check_main_is_guarded, check_not_daemonic, remember_main_script
 from ._futures import PoolFuture, failed
-from ._progress import Progress, ProgressTarget
-from ._records import Timeouts
-from ._stats import PoolStats, with_memory
-from ._worker import Initializer, prepare_initargs
+
+# What only a pool's owner uses (the dispatcher and its state machine, map, asyncio, stats)
+# is imported where a pool is built or used, not here: every worker under spawn and
+# forkserver imports the user's main script again (as __mp_main__; CPython's forkserver
+# does not keep it preloaded), and so this module, for its ``from pool import
+# ProcessPool``; a worker that also imported those paid ~25 ms more at every start.
+if TYPE_CHECKING:
+    from . import _mapping
+    from ._progress import ProgressTarget
+    from ._stats import PoolStats
 
 
 T = TypeVar("T")
@@ -120,6 +126,9 @@ class ProcessPool(Executor):
                 raise ValueError("max_memory_per_child must be > 0")
         self._task_timeout = _seconds("task_timeout", task_timeout, optional=True)
         idle_timeout = _seconds("idle_timeout", idle_timeout, optional=True)
+        from ._dispatcher import Dispatcher
+        from ._records import Timeouts
+        from ._worker import Initializer, prepare_initargs
         timeouts = Timeouts(stop=_seconds("stop_grace", stop_grace),
                             terminate=_seconds("terminate_grace", terminate_grace),
                             kill=_seconds("kill_grace", kill_grace))
@@ -207,6 +216,8 @@ class ProcessPool(Executor):
              ) -> Iterator[T]:
         """``map``; ``through``, if given, makes each of its submissions (a lease counts
         its own futures: ``_shared.Lease``)."""
+        from . import _mapping
+        from ._progress import Progress
         reporter = None if progress is None else Progress(progress)
         batches, submit_one = self._map_calls(fn, iterables, chunksize, buffersize)
         return _mapping.results(batches, submit_one, chunksize=chunksize, buffersize=buffersize,
@@ -223,6 +234,7 @@ class ProcessPool(Executor):
         is queued and stops it if it runs: its worker and the worker's process group are
         killed, and a new worker takes the slot.
         """
+        from . import _aio
         return await _aio.run(self, fn, args, kwargs, timeout)
 
     def amap(self, fn: Callable[..., T], *iterables: Iterable[Any], buffersize: int | None = None,
@@ -238,6 +250,7 @@ class ProcessPool(Executor):
         running ones (their workers are killed). The pool's ``task_timeout`` applies to each
         task. Options and the pool's state are checked here, at the call.
         """
+        from . import _aio
         return _aio.amap(self, fn, iterables, buffersize=buffersize, ordered=ordered,
                          chunksize=chunksize)
 
@@ -247,6 +260,7 @@ class ProcessPool(Executor):
         """What ``map`` and ``amap`` submit, once their options are checked and the pool is
         known to be open: the input as argument tuples, read lazily, and the function that
         submits one with the pool's ``task_timeout`` (see ``_mapping.calls``)."""
+        from . import _mapping
         _mapping.check_options(chunksize, buffersize)
         self._dispatcher.check_open()
         if not self._main_checked:
@@ -274,6 +288,7 @@ class ProcessPool(Executor):
         before (a task just submitted is counted; one just cancelled is not queued), and
         cheap: no worker is asked anything (memory is read from ``/proc``).
         """
+        from ._stats import with_memory
         self._dispatcher.snapshot()
         return with_memory(self._dispatcher.stats)
 
