@@ -53,13 +53,21 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
-    value = getattr(importlib.import_module(f".{module_name}", __name__), name)
-    globals()[name] = value  # (later lookups do not come here again)
-    return value
+    module_name = _LAZY.get(name)
+    if module_name is not None:
+        value = getattr(importlib.import_module(f".{module_name}", __name__), name)
+        globals()[name] = value  # (later lookups do not come here again)
+        return value
+    if name.startswith("_") and not name.startswith("__"):
+        # A private module, as an attribute (``pool._executor``): it was always there,
+        # since this package used to import them all.
+        try:
+            return importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
