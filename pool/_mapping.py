@@ -25,21 +25,11 @@ from ._errors import ArgumentPicklingError
 from ._futures import PoolFuture, failed
 from ._outcomes import fresh
 from ._progress import Progress
+from ._worker import process_chunk, process_items
 
 # Submits one encoded call: (the user's function, its argument tuple, the encoded call).
 SubmitEncoded = Callable[[Callable[..., Any], tuple[Any, ...], _frames.Buffers], PoolFuture[Any]]
 SubmitBatch = Callable[[tuple[Any, ...]], PoolFuture[Any]]
-
-
-def process_chunk(fn: Callable[..., Any], chunk: list[tuple[Any, ...]]) -> list[Any]:
-    """Runs in the worker: one ``map`` chunk over several iterables, as a single task."""
-    return list(itertools.starmap(fn, chunk))
-
-
-def process_items(fn: Callable[..., Any], items: list[Any]) -> list[Any]:
-    """Runs in the worker: one ``map`` chunk over one iterable (the items themselves travel,
-    not a 1-tuple around each: half the pickling)."""
-    return list(map(fn, items))
 
 
 def check_options(chunksize: int, buffersize: int | None) -> None:

@@ -26,6 +26,7 @@ below; under ``fork`` it also inherited the parent's other pool descriptors, lis
 from __future__ import annotations
 
 import faulthandler
+import itertools
 import logging
 import os
 import pickle
@@ -357,6 +358,22 @@ def _run_call(functions: _FunctionCache, body: Any) -> tuple[Kind, bytes | _fram
         _drop_own_frame(exc)
         return Kind.RAISED, _pickling.encode_exception(exc)
     return _pickling.encode_result(value)
+
+
+# What a worker runs for one ``map`` chunk. They live here, with the worker, not with
+# ``_mapping`` (the caller's side): a chunk names its runner by reference, and a worker
+# that had to import ``_mapping`` for it would pay for the caller's modules at its first
+# chunk.
+
+def process_chunk(fn: Callable[..., Any], chunk: list[tuple[Any, ...]]) -> list[Any]:
+    """One ``map`` chunk over several iterables, as a single task."""
+    return list(itertools.starmap(fn, chunk))
+
+
+def process_items(fn: Callable[..., Any], items: list[Any]) -> list[Any]:
+    """One ``map`` chunk over one iterable (the items themselves travel, not a 1-tuple
+    around each: half the pickling)."""
+    return list(map(fn, items))
 
 
 def _drop_own_frame(exc: BaseException) -> None:
