@@ -424,14 +424,10 @@ class Dispatcher:
         for command in self._take_commands():
             if isinstance(command, Submit):
                 record = command.record
-                if self._machine.closed:  # a broken pool closed by itself as it was queued
-                    self._refuse(record)
+                if record.future.cancelled() or self._machine.closed:
+                    self._refuse(record)  # it never queues
                     continue
                 self._counters.submitted += 1
-                if record.future.cancelled():  # before the loop saw it: it never queues
-                    self._counters.ended(Outcome.CANCELLED)
-                    record.future._end_cancelled()  # (notifies concurrent.futures.wait)
-                    continue
                 self._tasks[record.info.task_id] = record
                 self._perform(self._machine.submit(record.info.task_id,
                                                    frame_bytes=record.frame_bytes,
@@ -658,9 +654,10 @@ class Dispatcher:
         return []
 
     def _refuse(self, record: TaskRecord) -> None:
-        """End a submission that reached the loop after the pool closed (a caller queued it
-        just as a broken pool ended by itself, before it could see ``broken_error``) or
-        failed: with ``broken_error``, unless its caller cancelled it."""
+        """End a submission the loop will not queue: one its caller cancelled before the
+        loop saw it (it ends cancelled, and ``wait`` hears of it), or one that reached the
+        loop after the pool closed (a caller queued it just as a broken pool ended by
+        itself, before it could see ``broken_error``) or failed (with ``broken_error``)."""
         self._counters.submitted += 1
         self._end_unrun(record, fresh(self.broken_error) if self.broken_error is not None
                         else RuntimeError("cannot schedule new futures after shutdown"))
