@@ -17,9 +17,10 @@ Guarantees:
   as the stdlib's does; it tells the pool through a queue that needs no lock;
 - the pool's own ``_when_done`` hooks (progress counts) run once, on the resolving thread,
   before the callbacks are handed on: they only put a number on a queue.
-Assumes: ``concurrent.futures.Future`` keeps its state in ``_state`` under ``_condition``,
-notifies ``_waiters`` and runs callbacks through ``_invoke_callbacks()`` (true from 3.2 to
-3.14; ``tests/test_lifecycle.py`` and ``tests/test_timeouts.py`` pin it).
+Assumes: the stdlib's ``wait`` and ``as_completed`` reach a future only through ``_state``,
+``_waiters`` and ``_condition`` (held while they look), and ``Future``'s callbacks run
+through ``_invoke_callbacks()`` (true from 3.2 to 3.14; ``tests/test_lifecycle.py`` and
+``tests/test_timeouts.py`` pin it).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import logging
 import math
 import queue
+import sys
 import threading
 import time
 from concurrent.futures import Future, _base
@@ -54,6 +56,9 @@ SIGNAL_CHECK_SECONDS = 0.25
 
 
 _DONE_STATES = (_base.CANCELLED, _base.CANCELLED_AND_NOTIFIED, _base.FINISHED)
+_CANCELLED_STATES = (_base.CANCELLED, _base.CANCELLED_AND_NOTIFIED)
+# Guards the making of a future's Condition, which few futures ever need (PoolFuture).
+_MAKING_CONDITIONS = threading.Lock()
 
 
 class Latch:
@@ -105,7 +110,15 @@ class PoolFuture(Future[T]):
     """A ``concurrent.futures.Future`` whose callbacks never run on the dispatcher thread,
     and which can stop its task even while it runs (:meth:`stop`). Awaiting it in a
     coroutine works; cancelling that coroutine stops the task. Generic in the task's return
-    type, as ``Future`` is: ``submit(fn, ...)`` gives ``PoolFuture[<fn's return type>]``."""
+    type, as ``Future`` is: ``submit(fn, ...)`` gives ``PoolFuture[<fn's return type>]``.
+
+    Its state lives where ``Future`` keeps it (``_state``, ``_result``, ``_exception``,
+    ``_waiters``, ``_done_callbacks``), guarded by one plain C lock, ``_lock``. The
+    ``threading.Condition`` that ``Future.__init__`` would build (an RLock and a dozen
+    Python objects, for every task, which the cyclic GC then walks) is made only when code
+    outside this class asks for ``_condition`` (the stdlib's ``wait`` and ``as_completed``,
+    or ``Future``'s own methods called on it), over the same lock.
+    """
 
     _stopper: Any = None  # set by the pool: the dispatcher that can stop the task
     _task_id = 0
@@ -114,13 +127,61 @@ class PoolFuture(Future[T]):
     # whichever thread resolved it, before the done-callbacks are handed on: they only put
     # a number on a queue, so they may run on the dispatcher thread. See ``_when_done``.
     _done_hooks: list[Callable[[Future[Any]], None]] | None = None
+    _made_condition: threading.Condition | None = None
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self) -> None:  # (not Future.__init__: see the class docstring)
+        self._lock = threading.Lock()
+        self._state = _base.PENDING
+        self._result: Any = None
+        self._exception: BaseException | None = None
+        self._waiters: list[Any] = []
+        self._done_callbacks: list[Callable[[Future[T]], object]] = []
         # One latch per caller waiting in result() / exception(), released when the future
         # is done: the waiters never take the future's lock while it is not done, so a
         # Ctrl-C in a wait cannot leave it taken for the dispatcher to block on.
         self._wakers: list[Latch] = []
+
+    @property  # type: ignore[override]  # (read-only in effect: see the setter)
+    def _condition(self) -> threading.Condition:
+        made = self._made_condition
+        if made is None:
+            with _MAKING_CONDITIONS:
+                made = self._made_condition
+                if made is None:
+                    made = self._made_condition = threading.Condition(self._lock)
+        return made
+
+    @_condition.setter
+    def _condition(self, condition: threading.Condition) -> None:
+        self._made_condition = condition  # (tests put a spy here)
+
+    def _notify_locked(self) -> None:
+        """Wake threads in ``_condition.wait()`` (only ``Future``'s own methods wait
+        there); with ``_lock`` held."""
+        if self._made_condition is not None:
+            self._made_condition.notify_all()
+
+    def __repr__(self) -> str:
+        state, exception = self._state, self._exception
+        description = _base._STATE_TO_DESCRIPTION_MAP[state]
+        if state == _base.FINISHED:
+            if _failed(exception):
+                return (f"<{type(self).__name__} at {id(self):#x} state={description} "
+                        f"raised {type(exception).__name__}>")
+            return (f"<{type(self).__name__} at {id(self):#x} state={description} "
+                    f"returned {type(self._result).__name__}>")
+        return f"<{type(self).__name__} at {id(self):#x} state={description}>"
+
+    # -- what callers see --------------------------------------------------------------
+
+    def cancelled(self) -> bool:
+        return self._state in _CANCELLED_STATES  # (one read: no lock needed)
+
+    def running(self) -> bool:
+        return self._state == _base.RUNNING
+
+    def done(self) -> bool:
+        return self._state in _DONE_STATES
 
     def _wait_done(self, timeout: float | None) -> bool:
         if self._state in _DONE_STATES:
@@ -141,6 +202,42 @@ class PoolFuture(Future[T]):
         for latch in list(self._wakers):
             latch.set()
 
+    def result(self, timeout: float | None = None) -> T:
+        try:
+            self._wait_done(timeout)
+            state = self._state
+            if state in _CANCELLED_STATES:
+                raise _base.CancelledError()
+            if state != _base.FINISHED:
+                raise TimeoutError()
+            if _failed(self._exception):
+                raise self._exception  # type: ignore[misc]  # (_failed: it is one)
+            return self._result  # type: ignore[no-any-return]
+        finally:
+            # The exception raised here keeps this frame in its traceback, and the future
+            # keeps the exception: drop the frame's reference, as the stdlib's result() does,
+            # so that the future (and the pool it names) is freed without the GC.
+            del self
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait_done(timeout)
+        state = self._state
+        if state in _CANCELLED_STATES:
+            raise _base.CancelledError()
+        if state != _base.FINISHED:
+            raise TimeoutError()
+        return self._exception
+
+    def add_done_callback(self, fn: Callable[[Future[T]], object]) -> None:
+        with self._lock:
+            if self._state not in _DONE_STATES:
+                self._done_callbacks.append(fn)
+                return
+        try:
+            fn(self)
+        except Exception:
+            _base.LOGGER.exception("exception calling callback for %r", self)
+
     def stop(self) -> bool:
         """Stop the task: cancel it if it has not started; if it is running, kill its
         worker (the pool starts a new one) and end this future cancelled.
@@ -153,11 +250,11 @@ class PoolFuture(Future[T]):
         it back, or killed that worker.
         """
         while True:
-            with self._condition:
+            with self._lock:
                 state = self._state
                 if state == _base.FINISHED:
                     return False
-                if state in (_base.CANCELLED, _base.CANCELLED_AND_NOTIFIED):
+                if state in _CANCELLED_STATES:
                     return True
                 if state == _base.RUNNING:
                     self._stop_requested = True
@@ -168,73 +265,101 @@ class PoolFuture(Future[T]):
             self._stopper.stop_task(self._task_id)
         return True
 
-    def result(self, timeout: float | None = None) -> T:
-        try:
-            self._wait_done(timeout)
-            return super().result(0)  # done (its lock is no longer needed), or TimeoutError
-        finally:
-            # The exception raised here keeps this frame in its traceback, and the future
-            # keeps the exception: drop the frame's reference, as the stdlib's result() does,
-            # so that the future (and the pool it names) is freed without the GC.
-            del self
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        self._wait_done(timeout)
-        return super().exception(0)
-
     def cancel(self) -> bool:
         """As ``Future.cancel``; a cancelled task also leaves the pool's queue (and the
         counts of ``stats()``) at once, not when it reaches the front. Takes no lock but
         the future's own (so it is safe where the stdlib's is: in a done-callback, a signal
         handler, a forked child) and runs the done-callbacks after releasing it."""
-        with self._condition:
-            if self._state in (_base.RUNNING, _base.FINISHED):
+        with self._lock:
+            state = self._state
+            if state == _base.RUNNING or state == _base.FINISHED:
                 return False
-            if self._state in (_base.CANCELLED, _base.CANCELLED_AND_NOTIFIED):
+            if state in _CANCELLED_STATES:
                 return True
             self._state = _base.CANCELLED
-            self._condition.notify_all()
+            self._notify_locked()
         if self._stopper is not None:
             self._stopper.cancelled(self._task_id)
         self._wake()
         self._invoke_callbacks()
         return True
 
+    # -- what the pool does ------------------------------------------------------------
+
+    def set_running_or_notify_cancel(self) -> bool:
+        with self._lock:
+            state = self._state
+            if state == _base.CANCELLED:
+                self._state = _base.CANCELLED_AND_NOTIFIED
+                for waiter in self._waiters:
+                    waiter.add_cancelled(self)
+                return False
+            if state == _base.PENDING:
+                self._state = _base.RUNNING
+                return True
+        _base.LOGGER.critical("Future %s in unexpected state: %s", id(self), state)
+        raise RuntimeError("Future in unexpected state")
+
     def set_result(self, result: T) -> None:
-        with self._condition:
-            if self._stop_requested:
-                self._end_cancelled()
-                return
-            super().set_result(result)
-        self._wake()
+        self._finish(result, None)
 
     def set_exception(self, exception: BaseException | None) -> None:
-        with self._condition:
-            if self._stop_requested:
-                self._end_cancelled()
-                return
-            super().set_exception(exception)
-        self._wake()
+        self._finish(None, exception, failed=True)
+
+    def _finish(self, result: Any, exception: BaseException | None, failed: bool = False
+                ) -> None:
+        with self._lock:
+            state = self._state
+            if self._stop_requested:  # stop() was promised: it ends cancelled
+                ended = self._end_cancelled_locked()
+            elif state in _DONE_STATES:
+                ended = None
+            else:
+                self._result, self._exception = result, exception
+                self._state = _base.FINISHED
+                for waiter in self._waiters:
+                    if failed:
+                        waiter.add_exception(self)
+                    else:
+                        waiter.add_result(self)
+                self._notify_locked()
+                ended = _base.FINISHED
+        if ended is None and not self._stop_requested:
+            raise _base.InvalidStateError(f"{state}: {self!r}")
+        self._after_end(ended)
 
     def _end_cancelled(self) -> None:
         """End cancelled whatever the state (running included), waking every waiter."""
-        with self._condition:
-            state = self._state
-            if state in (_base.FINISHED, _base.CANCELLED_AND_NOTIFIED):
-                return
-            self._state = _base.CANCELLED_AND_NOTIFIED
-            for waiter in self._waiters:
-                waiter.add_cancelled(self)
-            self._condition.notify_all()
+        with self._lock:
+            ended = self._end_cancelled_locked()
+        self._after_end(ended)
+
+    def _end_cancelled_locked(self) -> str | None:
+        """The state it ended cancelled from, or None if it had already ended (with
+        ``_lock`` held)."""
+        state = self._state
+        if state in (_base.FINISHED, _base.CANCELLED_AND_NOTIFIED):
+            return None
+        self._state = _base.CANCELLED_AND_NOTIFIED
+        for waiter in self._waiters:
+            waiter.add_cancelled(self)
+        self._notify_locked()
+        return state
+
+    def _after_end(self, ended_from: str | None) -> None:
+        """Wake the waiters and run the callbacks of a future that has just ended (unless
+        ``cancel()`` already ran them)."""
+        if ended_from is None:
+            return
         self._wake()
-        if state != _base.CANCELLED:  # cancel() already ran the callbacks
+        if ended_from != _base.CANCELLED:
             self._invoke_callbacks()
 
     def _when_done(self, hook: Callable[[Future[Any]], None]) -> None:
         """Call the pool's ``hook(future)`` once this future is done (at once if it is).
         Unlike a done-callback it runs on the resolving thread, the dispatcher's included,
         so it must never block or raise: the pool's own use only (progress counting)."""
-        with self._condition:
+        with self._lock:
             if self._state not in _DONE_STATES:
                 if self._done_hooks is None:
                     self._done_hooks = []
@@ -251,7 +376,7 @@ class PoolFuture(Future[T]):
         runner: CallbackRunner | None = getattr(_dispatcher_local, "runner", None)
         if runner is None:
             _run_callbacks(self)  # a caller's thread (cancel()): run them here, as stdlib
-        elif self._done_callbacks:  # type: ignore[attr-defined]
+        elif self._done_callbacks:
             runner.put(self)
 
     def __await__(self) -> Generator[Any, None, T]:
@@ -261,6 +386,12 @@ class PoolFuture(Future[T]):
         except asyncio.CancelledError:
             self.stop()  # a queued task was cancelled by wrap_future; a running one stops
             raise
+
+
+def _failed(exception: BaseException | None) -> bool:
+    """Whether a finished future holds an exception, as this Python's ``Future`` decides
+    (3.14 asks ``is not None``; earlier versions, its truth)."""
+    return exception is not None if sys.version_info >= (3, 14) else bool(exception)
 
 
 def failed(error: BaseException) -> PoolFuture[Any]:

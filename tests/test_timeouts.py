@@ -133,10 +133,11 @@ def test_a_stopped_task_ends_cancelled_even_if_it_finishes_first(ctx):
 def test_a_caller_waiting_for_a_result_takes_no_lock_the_dispatcher_needs():
     # A Ctrl-C can leave a lock taken inside a Python-level __enter__ for good; the
     # dispatcher once blocked for ever in set_result() on the lock of an interrupted wait.
-    # So a caller waiting for a result must not take the future's lock before it is done.
+    # So a caller waiting for a result must not take the future's lock before it is done
+    # (the plain lock its methods take, which the Condition stdlib code asks for wraps).
     from pool._futures import PoolFuture
     future = PoolFuture()
-    real = future._condition
+    real = future._lock
     taken_while_pending = []
 
     class Spy:
@@ -158,7 +159,7 @@ def test_a_caller_waiting_for_a_result_takes_no_lock_the_dispatcher_needs():
         def __getattr__(self, name):
             return getattr(real, name)
 
-    future._condition = Spy()
+    future._lock = Spy()
     waiters = [threading.Thread(target=future.result, name="result"),
                threading.Thread(target=future.exception, name="exception"),
                threading.Thread(target=lambda: future.result(60), name="result-timeout")]
