@@ -25,14 +25,14 @@ The modules, by role (each opens with what it owns, runs in, guarantees and assu
 
 from __future__ import annotations
 
-from ._errors import (ArgumentPicklingError, ArgumentUnpicklingError, InitializerError,
-                      PoolInternalError, RemoteTaskError, ResultTransferError, TaskInfo,
-                      SharedPoolConflict, TaskTimeout, WorkerDied, WorkerProtocolError,
-                      WorkerTerminated)
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers see; at run time these load on first use (below)
     from ._aio import as_completed_async, to_process
+    from ._errors import (ArgumentPicklingError, ArgumentUnpicklingError, InitializerError,
+                          PoolInternalError, RemoteTaskError, ResultTransferError, TaskInfo,
+                          SharedPoolConflict, TaskTimeout, WorkerDied, WorkerProtocolError,
+                          WorkerTerminated)
     from ._executor import ProcessPool, ProcessPoolExecutor
     from ._futures import PoolFuture
     from ._progress import as_completed
@@ -40,9 +40,14 @@ if TYPE_CHECKING:  # what type checkers see; at run time these load on first use
     from ._stats import PoolStats, WorkerStats
 
 # Loaded on first use, not by ``import pool``: every worker process imports this package
-# (its main is ``pool._worker``), and needs none of the executor, the dispatcher or asyncio.
+# (its main is ``pool._worker``), and needs none of the executor, the dispatcher, asyncio
+# or the errors (whose base class, BrokenProcessPool, brings concurrent.futures.process).
 # Each worker start under spawn and forkserver paid for importing them.
 _LAZY = {
+    **dict.fromkeys(("ArgumentPicklingError", "ArgumentUnpicklingError", "InitializerError",
+                     "PoolInternalError", "RemoteTaskError", "ResultTransferError",
+                     "TaskInfo", "SharedPoolConflict", "TaskTimeout", "WorkerDied",
+                     "WorkerProtocolError", "WorkerTerminated"), "_errors"),
     "as_completed_async": "_aio", "to_process": "_aio",
     "ProcessPool": "_executor", "ProcessPoolExecutor": "_executor",
     "PoolFuture": "_futures",
@@ -101,13 +106,3 @@ __all__ = [
 
 # The one place the version is written (setup.cfg reads it: ``attr: pool.__version__``).
 __version__ = "0.2.0"
-
-# The public exceptions print in tracebacks, and pickle, as ``pool.WorkerDied``, not as the
-# private module that defines them (``pool._errors.WorkerDied``); pickles by reference
-# resolve through this module, which exports every one of them. (Only exceptions: classes
-# with annotations of their own must keep their module, or typing.get_type_hints breaks.)
-for _name in __all__:
-    _obj = globals().get(_name)  # (the exceptions are all loaded: _errors is not lazy)
-    if isinstance(_obj, type) and issubclass(_obj, BaseException):
-        _obj.__module__ = __name__
-del _name, _obj

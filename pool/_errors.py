@@ -380,3 +380,15 @@ class SharedPoolConflict(RuntimeError):
         return (f"pool.shared({asked}): the shared pool has {has} and {out} out on it, so "
                 f"it cannot be replaced; release the leases first, ask for no options, or "
                 f"use a ProcessPool of your own")
+
+
+# The public exceptions print in tracebacks, and pickle, as ``pool.WorkerDied``, not as this
+# private module (``pool._errors.WorkerDied``); pickles by reference resolve through the
+# package, which exports every one of them (loading this module on first use). (Only
+# exceptions: classes with annotations of their own must keep their module, or
+# typing.get_type_hints breaks.)
+for _name in __all__:
+    _obj = globals()[_name]
+    if isinstance(_obj, type) and issubclass(_obj, BaseException):
+        _obj.__module__ = "pool"
+del _name, _obj

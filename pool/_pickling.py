@@ -18,15 +18,17 @@ import sys
 import threading
 import traceback
 import types
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-import cloudpickle
-from tblib import pickling_support
-
-from ._errors import (ArgumentPicklingError, RemoteTaskError, ResultTransferError,
-                      argument_pickling_error,
-                      callable_name)
 from ._frames import BodyReader, Buffers, Frame, Kind, MalformedFrame
+
+if TYPE_CHECKING:
+    from ._errors import ArgumentPicklingError
+
+# cloudpickle, tblib and the pool's errors are imported where they are first needed, not
+# here: a worker imports this module at its start, and one whose tasks are pickled by
+# reference and return and raise nothing unusual needs none of them (under spawn and
+# forkserver each worker start paid about 20 ms for them).
 
 PROTOCOL = 5
 _FN_LENGTH = struct.Struct("!I")
@@ -49,11 +51,13 @@ def dumps_callable(fn: Callable[..., Any]) -> bytes:
             raise
         except BaseException:
             pass  # a lambda or closure: fall through to pickling by value
+    import cloudpickle
     try:
         return bytes(cloudpickle.dumps(_KeepFilename.wrap(fn), PROTOCOL))
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a reducer's SystemExit too: it fails this call only
+        from ._errors import argument_pickling_error, callable_name
         raise argument_pickling_error(
             f"cannot pickle the function {callable_name(fn)}: {type(exc).__name__}: {exc}",
             exc) from exc
@@ -166,6 +170,7 @@ def dumps_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
         raise
     except BaseException:
         pass
+    import cloudpickle
     try:
         return _dump((args, kwargs), _Snapshot, cloudpickle.Pickler)
     except KeyboardInterrupt:
@@ -178,6 +183,9 @@ def dumps_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
 def _name_unpicklable_argument(fn: Callable[..., Any], args: tuple[Any, ...],
                                kwargs: dict[str, Any], error: BaseException
                                ) -> ArgumentPicklingError:
+    import cloudpickle
+
+    from ._errors import argument_pickling_error, callable_name
     named = [(f"argument {i}", a) for i, a in enumerate(args)]
     named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
     for label, value in named:
@@ -231,6 +239,7 @@ def encode_result(value: Any) -> tuple[Kind, Buffers]:
     except BaseException:
         pass
     try:
+        import cloudpickle
         return Kind.RESULT, _dump(value, _Borrow, cloudpickle.Pickler)
     except BaseException as exc:
         exc.add_note(f"(raised while pickling the task's return value, a "
@@ -239,6 +248,7 @@ def encode_result(value: Any) -> tuple[Kind, Buffers]:
 
 
 def _reduce_with_traceback(obj: Any) -> Any:
+    from tblib import pickling_support
     if isinstance(obj, BaseException):
         return pickling_support.pickle_exception(obj)
     if isinstance(obj, types.TracebackType):
@@ -257,17 +267,28 @@ class _ExceptionPickler(pickle.Pickler):
         return _reduce_with_traceback(obj)
 
 
-class _ExceptionCloudPickler(cloudpickle.Pickler):  # type: ignore[misc]
+def _exception_cloud_pickler() -> type[Any]:
     """The same, for exception classes that exist only by value (defined in a ``__main__``
-    the worker could not import); cloudpickle maps them back to the parent's own class."""
+    the worker could not import); cloudpickle maps them back to the parent's own class.
+    (A class made on first use: its base is cloudpickle's.)"""
+    global _ExceptionCloudPickler
+    if _ExceptionCloudPickler is None:
+        import cloudpickle
 
-    def reducer_override(self, obj: Any) -> Any:
-        reduced = _reduce_with_traceback(obj)
-        return super().reducer_override(obj) if reduced is NotImplemented else reduced
+        class ExceptionCloudPickler(cloudpickle.Pickler):  # type: ignore[misc]
+            def reducer_override(self, obj: Any) -> Any:
+                reduced = _reduce_with_traceback(obj)
+                return super().reducer_override(obj) if reduced is NotImplemented else reduced
+
+        _ExceptionCloudPickler = ExceptionCloudPickler
+    return _ExceptionCloudPickler
+
+
+_ExceptionCloudPickler: type[Any] | None = None
 
 
 def _pickle_with_traceback(exc: BaseException) -> bytes:
-    for pickler_class in (_ExceptionPickler, _ExceptionCloudPickler):
+    for pickler_class in (_ExceptionPickler, _exception_cloud_pickler()):
         buffer = io.BytesIO()
         try:
             pickler_class(buffer, PROTOCOL).dump(exc)
@@ -335,6 +356,7 @@ def decode_exception(body: bytes | bytearray) -> BaseException:
 
     Raises MalformedFrame if the body is not what ``encode_exception`` makes.
     """
+    from ._errors import RemoteTaskError
     blob, type_name, message, text, reason = _envelope(body, 5)
     if reason:
         reason = f"pickling in the worker failed: {reason}"
@@ -404,6 +426,7 @@ def decode_outcome(frame: Frame) -> tuple[bool, Any]:
         try:
             return True, pickle.loads(frame.body)
         except BaseException as err:  # user reducers run here; even SystemExit is theirs
+            from ._errors import ResultTransferError
             error = ResultTransferError(None, "unpickling in the parent",
                                         f"{type(err).__name__}: {err}")
             error.__cause__ = err  # (see release_frames)

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import faulthandler
 import itertools
-import logging
 import os
 import pickle
 import select
@@ -37,12 +36,10 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
-import cloudpickle
 from multiprocessing import context as _context
 from multiprocessing import reduction
 
 from . import _exit, _frames, _pickling, _pipes
-from ._errors import ArgumentUnpicklingError, argument_pickling_error
 from ._frames import Kind
 
 # The reply pipe of this worker and the id of the task it runs, for tests that must write
@@ -134,6 +131,7 @@ def prepare_initargs(args: tuple[Any, ...], ctx: Any) -> tuple[Any, ...]:
         elif at_start is not None:
             prepared.append(arg)  # shared through inheritance: pickled at each start
         else:
+            import cloudpickle
             try:
                 prepared.append(_ByValue(cloudpickle.dumps(arg, pickle.DEFAULT_PROTOCOL)))
             except Exception:
@@ -162,6 +160,7 @@ def _initarg_error(index: int, arg: Any, why: BaseException, ctx: Any) -> BaseEx
                     f"{method!r}).Lock() (and so on; on Python 3.13 and earlier the default "
                     f"context is 'fork'), or pass mp_context=multiprocessing.get_context("
                     f"\"fork\") to the pool")
+    from ._errors import argument_pickling_error
     return argument_pickling_error(message, why)
 
 
@@ -261,6 +260,7 @@ def _run_initializer(initializer: Initializer, reply_fd: int) -> bool:
         _drop_own_frame(exc)
         # Where the stdlib's worker logs it, so that handlers an initializer (or the user)
         # put on that logger see it; the parent also gets it, with its frames.
+        import logging
         logging.getLogger("concurrent.futures").critical("Exception in initializer:",
                                                          exc_info=exc)
         _frames.write_frame(reply_fd, Kind.INIT_FAILED, 0, _pickling.encode_exception(exc))
@@ -347,6 +347,7 @@ def _run_call(functions: _FunctionCache, body: Any) -> tuple[Kind, bytes | _fram
     except BaseException as exc:
         # A BrokenProcessPool, as the stdlib raises here (where the worker dies); the
         # worker's own error, with its frames, is the cause.
+        from ._errors import ArgumentUnpicklingError
         error = ArgumentUnpicklingError(
             f"the worker (pid {os.getpid()}) could not unpickle the task's function or "
             f"arguments: {type(exc).__name__}: {_pickling.safe_str(exc)}")

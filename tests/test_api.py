@@ -44,6 +44,14 @@ def test_a_worker_imports_only_what_a_worker_runs():
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              timeout=60, check=True).stdout
         assert out.strip() == "[]", (imports, out)
+    # A worker alone (a main that does not import the executor) loads neither cloudpickle
+    # nor tblib, logging or the pool's errors (and concurrent.futures.process, their base)
+    # until a task needs them: a function pickled by value, an exception, an error.
+    lean = ("'cloudpickle', 'tblib', 'logging', 'pool._errors', 'concurrent.futures.process'")
+    code = f"import sys, pool._worker; print(sorted(m for m in ({lean}) if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.strip() == "[]", out
 
 
 def test_every_public_name_loads_on_first_use_and_is_listed():
