@@ -141,7 +141,7 @@ class PoolFuture(Future[T]):
         # Ctrl-C in a wait cannot leave it taken for the dispatcher to block on.
         self._wakers: list[Latch] = []
 
-    @property  # type: ignore[override]  # (read-only in effect: see the setter)
+    @property
     def _condition(self) -> threading.Condition:
         made = self._made_condition
         if made is None:
