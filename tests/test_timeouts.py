@@ -175,6 +175,41 @@ def test_a_caller_waiting_for_a_result_takes_no_lock_the_dispatcher_needs():
     assert future.result() == 7
 
 
+def test_a_future_builds_its_condition_only_for_stdlib_code_that_asks():
+    # A Condition (an RLock and a dozen Python objects) per task was a measurable share of
+    # submit(); the stdlib's wait()/as_completed() and Future's own methods still get one,
+    # over the very lock the future's methods take, and are woken through it.
+    from pool._futures import PoolFuture
+    plain = PoolFuture()
+    plain.set_running_or_notify_cancel()
+    plain.set_result(3)
+    assert plain.result() == 3 and plain.exception() is None and plain.done()
+    assert plain._made_condition is None
+
+    waited = PoolFuture()
+    done = []
+    waiter = threading.Thread(target=lambda: done.append(cf.wait([waited], 60)))
+    waiter.start()
+    assert wait_until(lambda: waited._waiters, 10)  # wait() is installed, under the lock
+    waited.set_result(4)
+    waiter.join(10)
+    assert not waiter.is_alive() and done[0].done == {waited}
+    assert waited._made_condition is not None
+    assert waited._condition._lock is waited._lock  # (one lock for both)
+
+    # Future's own methods, called on a pool future, wait on that Condition.
+    through_base = PoolFuture()
+    results = []
+    reader = threading.Thread(target=lambda: results.append(cf.Future.result(through_base, 60)))
+    reader.start()
+    assert wait_until(lambda: through_base._made_condition is not None
+                      and through_base._made_condition._waiters, 10)
+    through_base.set_result(5)
+    reader.join(10)
+    assert results == [5]
+    assert list(cf.as_completed([through_base], 10)) == [through_base]
+
+
 def test_polling_a_result_with_a_timeout_leaves_nothing_behind():
     from pool._futures import PoolFuture
     future = PoolFuture()
