@@ -13,8 +13,8 @@ allows in the same run: a raw ``multiprocessing.Pipe`` ping-pong between two pro
 one-way ``os.pipe`` bandwidth. Compared: ``pool.ProcessPool``, ``ProcessPoolExecutor``,
 ``multiprocessing.Pool``; loky and pebble as well when they are installed.
 
-Stdlib only (plus the pools themselves). Nothing here is asserted; the test suite never
-times anything.
+Stdlib only (plus the pools themselves; with numpy installed, a row for an array). Nothing
+here is asserted; the test suite never times anything.
 """
 
 from __future__ import annotations
@@ -245,6 +245,22 @@ def w_bytes(adapter: Adapter, p: Any, n: int) -> dict[str, float]:
     return {"64 MiB there and back, MB/s": 2 * len(data) / elapsed / 1e6}
 
 
+def w_array(adapter: Adapter, p: Any, n: int) -> dict[str, float]:
+    """The same for a numpy array (pickled with protocol 5's buffers), if numpy is there."""
+    try:
+        import numpy
+    except ImportError:
+        return {}
+    data = numpy.frombuffer(os.urandom(64 << 20), dtype=numpy.uint8).copy()
+    for _ in range(adapter.workers * 2):
+        adapter.call(p, identity, data[:1])  # every worker has imported numpy before timing
+    started = time.perf_counter()
+    back = adapter.call(p, identity, data)
+    elapsed = time.perf_counter() - started
+    assert back.nbytes == data.nbytes
+    return {"64 MiB numpy array there and back, MB/s": 2 * data.nbytes / elapsed / 1e6}
+
+
 def w_cpu(adapter: Adapter, p: Any, n: int, work: int, single: float) -> dict[str, float]:
     started = time.perf_counter()
     adapter.map(p, spin, [work] * 64, 1)
@@ -253,7 +269,7 @@ def w_cpu(adapter: Adapter, p: Any, n: int, work: int, single: float) -> dict[st
     return {"CPU-bound, fraction of ideal": ideal / elapsed}
 
 
-WORKLOADS = [w_submit, w_map1, w_map_chunks, w_latency, w_bytes]
+WORKLOADS = [w_submit, w_map1, w_map_chunks, w_latency, w_bytes, w_array]
 
 
 def start_to_first_result(adapter: Adapter) -> float:
