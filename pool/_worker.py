@@ -26,6 +26,7 @@ below; under ``fork`` it also inherited the parent's other pool descriptors, lis
 from __future__ import annotations
 
 import faulthandler
+import io
 import itertools
 import os
 import pickle
@@ -181,7 +182,7 @@ class WorkerSetup:
     def __init__(self, *, task_fd: InheritedFd, reply_fd: InheritedFd, lifeline_fd: InheritedFd,
                  crash_fd: InheritedFd, initializer: Initializer | None,
                  max_tasks: int | None, max_memory: int | None,
-                 fds_to_close: tuple[int, ...]) -> None:
+                 fds_to_close: tuple[int, ...], forked: bool = False) -> None:
         self.task_fd = task_fd
         self.reply_fd = reply_fd
         self.lifeline_fd = lifeline_fd
@@ -190,11 +191,14 @@ class WorkerSetup:
         self.max_tasks = max_tasks
         self.max_memory = max_memory  # bytes of resident memory, or None
         self.fds_to_close = fds_to_close
+        self.forked = forked  # started by fork: a copy of the parent, buffers and all
 
 
 def worker_main(setup: WorkerSetup) -> None:
     """The ``target`` of every worker Process."""
     global _reply_fd
+    if setup.forked:
+        _drop_inherited_output()
     for fd in setup.fds_to_close:  # only under fork: the parent's other pool descriptors
         try:
             os.close(fd)
@@ -224,6 +228,34 @@ def worker_main(setup: WorkerSetup) -> None:
         pass  # the parent closed our reply pipe: it is gone or giving up on us
     finally:
         faulthandler.disable()
+
+
+def _drop_inherited_output() -> None:
+    """Under fork, start ``sys.stdout`` and ``sys.stderr`` afresh, on the same descriptors.
+
+    multiprocessing flushes them just before it forks, but the pool forks from its
+    dispatcher thread: what another thread of the parent printed in between is still in
+    the buffers the child inherited, and the child would print it again when it exits
+    (seen as duplicated lines of ``python -m pool demo --start-method fork``). That text is
+    the parent's, which prints it itself. The inherited streams are kept, never closed:
+    a stream that is freed flushes what it holds (and a forked worker leaves by
+    ``os._exit``, so nothing flushes them at the end).
+    """
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        try:
+            fd = stream.fileno()
+            fresh = io.TextIOWrapper(
+                io.BufferedWriter(io.FileIO(fd, "w", closefd=False)),
+                encoding=stream.encoding, errors=stream.errors,
+                line_buffering=stream.line_buffering, write_through=stream.write_through)
+        except (AttributeError, ValueError, OSError):
+            continue  # not a plain stream on a descriptor (replaced, or closed): leave it
+        _inherited_streams.append(stream)
+        setattr(sys, name, fresh)
+
+
+_inherited_streams: list[Any] = []  # see _drop_inherited_output
 
 
 def _become_group_leader() -> None:

@@ -150,7 +150,8 @@ class WorkerHandle:
         setup = WorkerSetup(task_fd=InheritedFd(task_r), reply_fd=InheritedFd(reply_w),
                             lifeline_fd=InheritedFd(lifeline_fd), crash_fd=InheritedFd(crash_fd),
                             initializer=initializer, max_tasks=max_tasks,
-                            max_memory=max_memory, fds_to_close=to_close)
+                            max_memory=max_memory, fds_to_close=to_close,
+                            forked=inherited_fds is not None)
         process = ctx.Process(target=worker_main, args=(setup,), name=name)
         try:
             process.start()

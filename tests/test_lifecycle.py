@@ -155,6 +155,42 @@ def test_the_forkserver_preloads_the_worker_after_the_users_modules(tmp_path):
     assert facts["later"] == ["__main__"] and facts["same_server"]
 
 
+FORK_AFTER_A_PRINT = '''
+import io
+# Buffered streams, as a program writing to a pipe has them (whatever PYTHONUNBUFFERED
+# says here).
+sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)))
+sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+                              line_buffering=True)
+real_fork, forks = os.fork, []
+def fork_after_a_print():
+    # What another thread of the parent printed after multiprocessing flushed the streams
+    # (it does, just before it forks) and before the fork: still in the buffers.
+    sys.stdout.write("MARK-OUT\\n")
+    sys.stderr.write("MARK-ERR ")  # (no line end: it stays in stderr's line buffer)
+    forks.append(1)
+    return real_fork()
+os.fork = fork_after_a_print
+with pool.ProcessPool(2, mp_context=CTX) as p:
+    assert sorted(p.map(tasks.square, range(6))) == [0, 1, 4, 9, 16, 25]
+    p.submit(tasks.sigkill_self).exception(60)  # a worker dies, one more is forked
+    assert p.submit(tasks.square, 3).result(60) == 9
+os.fork = real_fork
+sys.stderr.write("\\n")
+report(forks=len(forks))
+'''
+
+
+def test_a_forked_worker_does_not_print_what_the_parent_had_buffered(tmp_path):
+    # The pool forks from its dispatcher thread, while other threads of the parent may be
+    # printing: a worker that kept the buffers it inherited printed the parent's lines
+    # again when it exited (seen as duplicated lines of the demo under fork).
+    facts, proc = run_script(FORK_AFTER_A_PRINT, "fork", tmp_path, timeout=90)
+    assert facts["forks"] >= 3
+    assert proc.stdout.count("MARK-OUT") == facts["forks"], proc.stdout
+    assert proc.stderr.count("MARK-ERR") == facts["forks"], proc.stderr
+
+
 def test_a_flaky_initializer_is_retried(ctx, tmp_path):
     marker = tmp_path / "failed-once"
     with pool.ProcessPool(1, mp_context=ctx, initializer=tasks.fail_first_time,
