@@ -69,12 +69,16 @@ def write_all(fd: int, parts: list[Any]) -> None:
     """Write every part (bytes-like), blocking. If BrokenPipeError is raised, ``parts``
     holds what was not written (the first of them perhaps in part)."""
     while parts:
-        written = os.writev(fd, parts[:1024])  # IOV_MAX
-        while parts and written >= len(parts[0]):
-            written -= len(parts[0])
-            parts.pop(0)
-        if parts and written:
-            parts[0] = memoryview(parts[0])[written:]
+        _drop_written(parts, os.writev(fd, parts[:1024]))  # IOV_MAX
+
+
+def _drop_written(parts: list[Any], written: int) -> None:
+    """Take the first ``written`` bytes off ``parts`` (the last of them perhaps in part)."""
+    while parts and written >= len(parts[0]):
+        written -= len(parts[0])
+        parts.pop(0)
+    if parts and written:
+        parts[0] = memoryview(parts[0])[written:]
 
 
 def size_of(body: bytes | Buffers) -> int:
@@ -90,6 +94,19 @@ def write_frame(fd: int, kind: Kind, task_id: int, body: bytes | Buffers = b"") 
 def write_frames(fd: int, kind: Kind, frames: list[tuple[int, Buffers]]) -> int:
     """Write several frames with as few system calls as the pipe allows; returns how many
     were written whole (fewer only if the reader went away: BrokenPipeError is caught)."""
+    if len(frames) == 1 and len(frames[0][1]) < 1023:  # the usual case: one writev
+        task_id, body = frames[0]
+        length = size_of(body)
+        pieces = [HEADER.pack(MAGIC, kind, task_id, length), *body]
+        try:
+            written = os.writev(fd, pieces)
+            if written == HEADER.size + length:
+                return 1
+            _drop_written(pieces, written)  # a short write: the rest, blocking
+            write_all(fd, pieces)
+        except BrokenPipeError:
+            return 0
+        return 1
     parts: list[Any] = []
     ends = []  # for each frame, how many parts there are up to its end
     for task_id, body in frames:

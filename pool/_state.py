@@ -97,7 +97,10 @@ class StateMachine:
         self._idle_timeout = idle_timeout
         # How many slots are in each state: lets _schedule, which runs on every event,
         # skip its passes over the slots when they cannot do anything.
-        self._in_state = collections.Counter({SlotState.UNUSED: max_workers})
+        # (Every state present from the start: a missing key costs a Python __missing__
+        # call, and these are read on every event.)
+        self._in_state = collections.Counter({state: 0 for state in SlotState})
+        self._in_state[SlotState.UNUSED] = max_workers
 
     # -- queries ------------------------------------------------------------------------
 
