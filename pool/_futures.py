@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import math
 import queue
-import sys
 import threading
 import time
 from concurrent.futures import Future, _base
@@ -57,8 +56,6 @@ SIGNAL_CHECK_SECONDS = 0.25
 
 _DONE_STATES = (_base.CANCELLED, _base.CANCELLED_AND_NOTIFIED, _base.FINISHED)
 _CANCELLED_STATES = (_base.CANCELLED, _base.CANCELLED_AND_NOTIFIED)
-# Guards the making of a future's Condition, which few futures ever need (PoolFuture).
-_MAKING_CONDITIONS = threading.Lock()
 
 
 class Latch:
@@ -113,11 +110,13 @@ class PoolFuture(Future[T]):
     type, as ``Future`` is: ``submit(fn, ...)`` gives ``PoolFuture[<fn's return type>]``.
 
     Its state lives where ``Future`` keeps it (``_state``, ``_result``, ``_exception``,
-    ``_waiters``, ``_done_callbacks``), guarded by one plain C lock, ``_lock``. The
-    ``threading.Condition`` that ``Future.__init__`` would build (an RLock and a dozen
-    Python objects, for every task, which the cyclic GC then walks) is made only when code
-    outside this class asks for ``_condition`` (the stdlib's ``wait`` and ``as_completed``,
-    or ``Future``'s own methods called on it), over the same lock.
+    ``_waiters``, ``_done_callbacks``), guarded by one C lock, ``_lock``: an RLock, as
+    ``Future``'s is, so that a signal handler may ``cancel()`` a future while the stdlib's
+    ``wait()`` holds its lock on the same thread. The ``threading.Condition`` that
+    ``Future.__init__`` would build around it (a dozen Python objects for every task,
+    which the cyclic GC then walks) is made only when code outside this class asks for
+    ``_condition`` (the stdlib's ``wait`` and ``as_completed``, or ``Future``'s own methods
+    called on it), over the same lock.
     """
 
     _stopper: Any = None  # set by the pool: the dispatcher that can stop the task
@@ -130,7 +129,7 @@ class PoolFuture(Future[T]):
     _made_condition: threading.Condition | None = None
 
     def __init__(self) -> None:  # (not Future.__init__: see the class docstring)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._state = _base.PENDING
         self._result: Any = None
         self._exception: BaseException | None = None
@@ -145,10 +144,8 @@ class PoolFuture(Future[T]):
     def _condition(self) -> threading.Condition:
         made = self._made_condition
         if made is None:
-            with _MAKING_CONDITIONS:
-                made = self._made_condition
-                if made is None:
-                    made = self._made_condition = threading.Condition(self._lock)
+            # (No lock: two threads asking at once make one each, and setdefault keeps one.)
+            made = self.__dict__.setdefault("_made_condition", threading.Condition(self._lock))
         return made
 
     @_condition.setter
@@ -202,14 +199,18 @@ class PoolFuture(Future[T]):
         for latch in list(self._wakers):
             latch.set()
 
+    def _wait_finished(self, timeout: float | None) -> None:
+        """Wait until done; raise CancelledError or TimeoutError unless it finished."""
+        self._wait_done(timeout)
+        state = self._state
+        if state in _CANCELLED_STATES:
+            raise _base.CancelledError()
+        if state != _base.FINISHED:
+            raise TimeoutError()
+
     def result(self, timeout: float | None = None) -> T:
         try:
-            self._wait_done(timeout)
-            state = self._state
-            if state in _CANCELLED_STATES:
-                raise _base.CancelledError()
-            if state != _base.FINISHED:
-                raise TimeoutError()
+            self._wait_finished(timeout)
             if _failed(self._exception):
                 raise self._exception  # type: ignore[misc]  # (_failed: it is one)
             return self._result  # type: ignore[no-any-return]
@@ -220,12 +221,7 @@ class PoolFuture(Future[T]):
             del self
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        self._wait_done(timeout)
-        state = self._state
-        if state in _CANCELLED_STATES:
-            raise _base.CancelledError()
-        if state != _base.FINISHED:
-            raise TimeoutError()
+        self._wait_finished(timeout)
         return self._exception
 
     def add_done_callback(self, fn: Callable[[Future[T]], object]) -> None:
@@ -389,9 +385,10 @@ class PoolFuture(Future[T]):
 
 
 def _failed(exception: BaseException | None) -> bool:
-    """Whether a finished future holds an exception, as this Python's ``Future`` decides
-    (3.14 asks ``is not None``; earlier versions, its truth)."""
-    return exception is not None if sys.version_info >= (3, 14) else bool(exception)
+    """Whether a finished future holds an exception: ``is not None``, as 3.14's ``Future``
+    asks (earlier versions asked its truth, and swallowed an exception that is false,
+    gh-132063)."""
+    return exception is not None
 
 
 def failed(error: BaseException) -> PoolFuture[Any]:
