@@ -26,7 +26,6 @@ below; under ``fork`` it also inherited the parent's other pool descriptors, lis
 from __future__ import annotations
 
 import faulthandler
-import io
 import itertools
 import os
 import pickle
@@ -231,31 +230,47 @@ def worker_main(setup: WorkerSetup) -> None:
 
 
 def _drop_inherited_output() -> None:
-    """Under fork, start ``sys.stdout`` and ``sys.stderr`` afresh, on the same descriptors.
+    """Under fork, throw away the text the standard streams inherited unwritten.
 
     multiprocessing flushes them just before it forks, but the pool forks from its
     dispatcher thread: what another thread of the parent printed in between is still in
     the buffers the child inherited, and the child would print it again when it exits
     (seen as duplicated lines of ``python -m pool demo --start-method fork``). That text is
-    the parent's, which prints it itself. The inherited streams are kept, never closed:
-    a stream that is freed flushes what it holds (and a forked worker leaves by
-    ``os._exit``, so nothing flushes them at the end).
+    the parent's, which prints it itself. So each stream is flushed into ``/dev/null``: its
+    descriptor points there for that moment. The stream objects stay as they are (a
+    logging handler holding one, ``-u`` unbuffered streams, the user's own wrappers), and
+    nothing else runs meanwhile: the worker has one thread yet.
     """
-    for name in ("stdout", "stderr"):
-        stream = getattr(sys, name)
+    streams = {id(stream): stream for stream in (sys.stdout, sys.stderr, sys.__stdout__,
+                                                 sys.__stderr__) if stream is not None}
+    fds = set()
+    for stream in streams.values():
         try:
-            fd = stream.fileno()
-            fresh = io.TextIOWrapper(
-                io.BufferedWriter(io.FileIO(fd, "w", closefd=False)),
-                encoding=stream.encoding, errors=stream.errors,
-                line_buffering=stream.line_buffering, write_through=stream.write_through)
+            fds.add(stream.fileno())
         except (AttributeError, ValueError, OSError):
-            continue  # not a plain stream on a descriptor (replaced, or closed): leave it
-        _inherited_streams.append(stream)
-        setattr(sys, name, fresh)
-
-
-_inherited_streams: list[Any] = []  # see _drop_inherited_output
+            pass  # not on a descriptor (replaced, or closed): nothing of the parent's to drop
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        return
+    saved: dict[int, tuple[int, bool]] = {}
+    try:
+        for fd in fds:
+            try:
+                saved[fd] = (os.dup(fd), os.get_inheritable(fd))
+                os.dup2(devnull, fd)
+            except OSError:
+                continue
+        for stream in streams.values():
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+    finally:
+        for fd, (copy, inheritable) in saved.items():
+            os.dup2(copy, fd, inheritable=inheritable)
+            os.close(copy)
+        os.close(devnull)
 
 
 def _become_group_leader() -> None:
