@@ -10,6 +10,7 @@ manager, except where README.rst lists a deliberate difference.
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 import signal
@@ -26,6 +27,11 @@ from ._errors import ArgumentPicklingError
 from ._forkserver import preload_in_forkserver
 from ._main_guard import check_main_is_guarded, check_not_daemonic, remember_main_script
 from ._futures import PoolFuture, failed
+
+# A worker's own modules, and those it imports when a task first needs them (a function
+# sent by value, an exception, an error of the pool's): a forkserver imports them once,
+# before it forks any worker, instead of every worker after its fork.
+_WORKER_MODULES = ("pool._worker", "pool._errors", "cloudpickle", "tblib.pickling_support")
 
 # What only a pool's owner uses (the dispatcher and its state machine, map, asyncio, stats)
 # is imported where a pool is built or used, not here: every worker under spawn and
@@ -275,7 +281,13 @@ class ProcessPool(Executor):
         check_main_is_guarded(method)
         remember_main_script()
         if method == "forkserver":  # so that a worker starts at the cost of a fork
-            preload_in_forkserver(self._mp_context, "pool._worker")
+            preload_in_forkserver(self._mp_context, *_WORKER_MODULES)
+        elif method == "fork":
+            # What a worker imports when a task first needs it, imported here, before any
+            # fork: a fork while another thread of this process imports a module leaves
+            # the child that module's import lock, held by a thread it does not have.
+            for name in _WORKER_MODULES:
+                importlib.import_module(name)
         self._main_checked = True
 
     def stats(self) -> PoolStats:

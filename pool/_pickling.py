@@ -288,10 +288,10 @@ _ExceptionCloudPickler: type[Any] | None = None
 
 
 def _pickle_with_traceback(exc: BaseException) -> bytes:
-    for pickler_class in (_ExceptionPickler, _exception_cloud_pickler()):
+    for make_pickler in (lambda: _ExceptionPickler, _exception_cloud_pickler):
         buffer = io.BytesIO()
         try:
-            pickler_class(buffer, PROTOCOL).dump(exc)
+            make_pickler()(buffer, PROTOCOL).dump(exc)  # (cloudpickle only if pickle fails)
             return buffer.getvalue()
         except BaseException as err:
             error = err

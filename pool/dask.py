@@ -239,7 +239,8 @@ def _preload_in_forkserver(context: Any) -> None:
     the pool's processes starts with it: one that must import distributed itself takes
     ~0.4 s to start, the time a death costs before its slot runs again (measured: a death
     to the next result 0.40 s without, 0.01 s with)."""
-    preload_in_forkserver(context, "distributed.worker", "pool._worker")
+    from ._executor import _WORKER_MODULES
+    preload_in_forkserver(context, "distributed.worker", *_WORKER_MODULES)
 
 
 # --- memory -------------------------------------------------------------------------------

@@ -485,3 +485,13 @@ def started_inputs(directory):
             with open(os.path.join(directory, name)) as f:
                 started[int(name[len("started-"):])] = int(f.read())
     return started
+
+
+def log_warning(message):
+    import logging
+    logging.getLogger("tests.tasks").warning(message)
+
+
+def print_then_die(text):
+    print(text)  # (no flush: an unbuffered stream has written it already)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -151,7 +151,8 @@ def test_the_forkserver_preloads_the_worker_after_the_users_modules(tmp_path):
     # A worker forked from a forkserver that has imported pool._worker starts at the cost of
     # a fork; the user's preload list comes first, and a running forkserver is left alone.
     facts, _ = run_script(FORKSERVER_PRELOAD, "forkserver", tmp_path, timeout=90)
-    assert facts["first"] == ["__main__", "json", "pool._worker"]
+    assert facts["first"] == ["__main__", "json", "pool._worker", "pool._errors",
+                              "cloudpickle", "tblib.pickling_support"]
     assert facts["later"] == ["__main__"] and facts["same_server"]
 
 
@@ -162,6 +163,8 @@ import io
 sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)))
 sys.stderr = io.TextIOWrapper(io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
                               line_buffering=True)
+import logging
+logging.basicConfig(format="%(message)s")  # a handler that holds sys.stderr, made before
 real_fork, forks = os.fork, []
 def fork_after_a_print():
     # What another thread of the parent printed after multiprocessing flushed the streams
@@ -175,6 +178,7 @@ with pool.ProcessPool(2, mp_context=CTX) as p:
     assert sorted(p.map(tasks.square, range(6))) == [0, 1, 4, 9, 16, 25]
     p.submit(tasks.sigkill_self).exception(60)  # a worker dies, one more is forked
     assert p.submit(tasks.square, 3).result(60) == 9
+    p.submit(tasks.log_warning, "TASK-LOG").result(60)  # through the inherited handler
 os.fork = real_fork
 sys.stderr.write("\\n")
 report(forks=len(forks))
@@ -189,6 +193,44 @@ def test_a_forked_worker_does_not_print_what_the_parent_had_buffered(tmp_path):
     assert facts["forks"] >= 3
     assert proc.stdout.count("MARK-OUT") == facts["forks"], proc.stdout
     assert proc.stderr.count("MARK-ERR") == facts["forks"], proc.stderr
+    assert proc.stderr.count("TASK-LOG") == 1, proc.stderr
+
+
+UNBUFFERED_FORKED = '''
+import io
+# As under python -u: text goes to the descriptor at once.
+sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+with pool.ProcessPool(1, mp_context=CTX) as p:
+    p.submit(tasks.print_then_die, "TASK-OUT").exception(60)
+report(done=True)
+'''
+
+
+def test_a_forked_worker_keeps_unbuffered_streams_unbuffered(tmp_path):
+    # What a task printed before its worker died is there: the streams a forked worker
+    # inherits are emptied, not replaced by buffered ones.
+    facts, proc = run_script(UNBUFFERED_FORKED, "fork", tmp_path, timeout=90)
+    assert facts["done"] and "TASK-OUT" in proc.stdout, proc.stdout
+
+
+SIGNAL_CANCELS_DURING_WAIT = '''
+from pool._futures import PoolFuture
+future = PoolFuture()
+cancelled = []
+signal.signal(signal.SIGUSR1, lambda *_: cancelled.append(future.cancel()))
+with future._condition:  # as concurrent.futures.wait() holds it while it installs a waiter
+    os.kill(os.getpid(), signal.SIGUSR1)
+    time.sleep(0)  # (the handler runs here, on this thread, with the lock held)
+report(cancelled=cancelled)
+'''
+
+
+def test_a_signal_handler_may_cancel_a_future_whose_lock_its_thread_holds(tmp_path):
+    # Future's lock is reentrant (its Condition's RLock): a handler that cancels a future
+    # while wait() or as_completed() holds that future's lock on the same thread must not
+    # block on it.
+    facts, _ = run_script(SIGNAL_CANCELS_DURING_WAIT, "fork", tmp_path, timeout=30)
+    assert facts["cancelled"] == [True]
 
 
 def test_a_flaky_initializer_is_retried(ctx, tmp_path):
