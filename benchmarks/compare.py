@@ -6,12 +6,13 @@ Usage::
                                  [--tasks 20000] [--memory-tasks 1000000] [--quick]
 
 Every pool runs the same workloads with the same start method (``multiprocessing.Pool``:
-its default) and worker count, in one run, interleaved round by round (the order
-rotates), so a noisy machine hurts them alike. For each workload it prints the median over the rounds, min-max, and the ratio to the
-stdlib (higher is better for rates, lower for times). It also measures what the machine
-allows in the same run: a raw ``multiprocessing.Pipe`` ping-pong between two processes and
-one-way ``os.pipe`` bandwidth. Compared: ``pool.ProcessPool``, ``ProcessPoolExecutor``,
-``multiprocessing.Pool``; loky and pebble as well when they are installed.
+its default) and worker count, in one run, interleaved round by round (the order rotates),
+so a noisy machine hurts them alike. For each workload it prints the median over the
+rounds, min-max, and the ratio to the stdlib (higher is better for rates, lower for times).
+It also measures what the machine allows in the same run: a raw ``multiprocessing.Pipe``
+ping-pong between two processes and one-way ``os.pipe`` bandwidth. Compared:
+``pool.ProcessPool``, ``ProcessPoolExecutor``, ``multiprocessing.Pool``; loky and pebble as
+well when they are installed.
 
 Stdlib only (plus the pools themselves; with numpy installed, a row for an array). Nothing
 here is asserted; the test suite never times anything.
