@@ -248,10 +248,13 @@ def encode_result(value: Any) -> tuple[Kind, Buffers]:
 
 
 def _reduce_with_traceback(obj: Any) -> Any:
-    from tblib import pickling_support
+    # (Called for every object the exception pickler meets: tblib is looked up only for
+    # the exceptions and tracebacks among them.)
     if isinstance(obj, BaseException):
+        from tblib import pickling_support
         return pickling_support.pickle_exception(obj)
     if isinstance(obj, types.TracebackType):
+        from tblib import pickling_support
         return pickling_support.pickle_traceback(obj)
     return NotImplemented
 
