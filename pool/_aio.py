@@ -143,8 +143,10 @@ def amap(executor: ProcessPool, fn: Callable[..., T], iterables: tuple[Iterable[
          buffersize: int | None, ordered: bool, chunksize: int) -> AsyncGenerator[T, None]:
     """``ProcessPool.amap``: checks its options and that the pool is open now, then returns
     the iterator, which submits on its first step."""
-    batches, submit = executor._map_calls(fn, iterables, chunksize, buffersize)
-    return _map_results(_MapRun(batches, submit, buffersize, ordered), chunksize > 1)
+    from ._mapping import one_by_one
+    batches, submit_group = executor._map_calls(fn, iterables, chunksize, buffersize)
+    return _map_results(_MapRun(batches, one_by_one(submit_group), buffersize, ordered),
+                        chunksize > 1)
 
 
 async def _map_results(run: _MapRun, chunked: bool) -> AsyncGenerator[Any, None]:

@@ -9,7 +9,7 @@ live; the dispatcher pops it when the task ends.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 from ._errors import TaskInfo
 from ._futures import Latch, PoolFuture
@@ -28,9 +28,14 @@ class TaskRecord:
     marked_running: bool = False
 
 
+# A call ready to submit: the function, its arguments (kept for TaskInfo) and the
+# encoded CALL body.
+EncodedCall = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Buffers]
+
+
 @dataclass(frozen=True, slots=True)
 class Submit:
-    record: TaskRecord
+    records: list[TaskRecord]  # one submit(), or a group of map()'s, in order
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,7 +70,8 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Iterator
 
 from . import _actions, _exit, _frames, _limits, _pickling, _records, _state, _teardown
-from ._commands import Command, Shutdown, StopTask, Submit, Sync, TaskRecord, Terminate
+from ._commands import (Command, EncodedCall, Shutdown, StopTask, Submit, Sync, TaskRecord,
+                        Terminate)
 from ._errors import (PoolInternalError, TaskInfo, WorkerDied, WorkerProtocolError,
                       describe_exit)
 from ._futures import CallbackRunner, Latch, PoolFuture, install_on_dispatcher_thread
@@ -199,18 +200,30 @@ class Dispatcher:
     def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                body: _frames.Buffers, timeout: float | None = None) -> PoolFuture[Any]:
         """Queue one encoded call (caller thread). Raises if the pool cannot take it."""
-        future: PoolFuture[Any] = PoolFuture()
-        frame_bytes = _frames.HEADER.size + _frames.size_of(body)  # (the one place it is summed)
+        return self.submit_many([(fn, args, kwargs, body)], timeout)[0]
+
+    def submit_many(self, calls: list[EncodedCall], timeout: float | None = None
+                    ) -> list[PoolFuture[Any]]:
+        """Queue encoded calls ``(fn, args, kwargs, body)``, in order, as one command with
+        one wake-up (caller thread; ``map`` submits its input in groups). Raises, queuing
+        none of them, if the pool cannot take them."""
+        futures: list[PoolFuture[Any]] = []
+        records = []
+        header = _frames.HEADER.size
         with self._lock:
             self.check_open()
             self._start_thread()
-            task_id = next(self._task_ids)
-            future._stopper, future._task_id = self, task_id
-            self._commands.put(Submit(TaskRecord(TaskInfo(task_id, fn, args, kwargs), future,
-                                                 body, frame_bytes, timeout)))
+            for fn, args, kwargs, body in calls:
+                future: PoolFuture[Any] = PoolFuture()
+                task_id = next(self._task_ids)
+                future._stopper, future._task_id = self, task_id
+                records.append(TaskRecord(TaskInfo(task_id, fn, args, kwargs), future, body,
+                                          header + _frames.size_of(body), timeout))
+                futures.append(future)
+            self._commands.put(Submit(records))
         assert self._wakeup is not None
         self._wakeup.wake()
-        return future
+        return futures
 
     def live_processes(self, timeout: float = 5.0) -> dict[int, Any]:
         """The live workers by pid once the loop has acted on everything submitted before
@@ -423,16 +436,18 @@ class Dispatcher:
         unscheduled = False  # submissions queued, to be sent in one pass
         for command in self._take_commands():
             if isinstance(command, Submit):
-                record = command.record
-                if record.future.cancelled() or self._machine.closed:
-                    self._refuse(record)  # it never queues
-                    continue
-                self._counters.submitted += 1
-                self._tasks[record.info.task_id] = record
-                self._perform(self._machine.submit(record.info.task_id,
-                                                   frame_bytes=record.frame_bytes,
-                                                   timeout=record.timeout, schedule=False))
-                unscheduled = True
+                machine = self._machine
+                for record in command.records:
+                    if record.future.cancelled() or machine.closed:
+                        self._refuse(record)  # it never queues
+                        continue
+                    self._counters.submitted += 1
+                    task_id = record.info.task_id
+                    self._tasks[task_id] = record
+                    if actions := machine.submit(task_id, frame_bytes=record.frame_bytes,
+                                                 timeout=record.timeout, schedule=False):
+                        self._perform(actions)  # (a broken pool fails it at once)
+                    unscheduled = True
                 continue
             if unscheduled:
                 self._perform(self._machine.schedule())
@@ -502,22 +517,49 @@ class Dispatcher:
     def _read_worker(self, index: int, worker: WorkerHandle) -> None:
         if worker.misbehaved:
             return  # the machine called it misbehaving: nothing more is read from it
+        replies: list[tuple[int, object]] = []  # told to the machine together
         for frame in worker.read():
+            kind = frame.kind
             try:
+                if kind is Kind.RESULT or kind is Kind.RAISED:
+                    outcome = _pickling.decode_outcome(frame)
+                    if not outcome[0]:
+                        self._decoded_errors.append(outcome[1])
+                    replies.append((frame.task_id, outcome))
+                    continue
+                if replies:  # in order: what came before this frame first
+                    self._replies_arrived(index, worker, replies)
+                    replies = []
+                    if worker.misbehaved:
+                        return
                 actions = self._frame_arrived(index, worker, frame)
             except _frames.MalformedFrame as exc:
+                if replies:
+                    self._replies_arrived(index, worker, replies)
+                    if worker.misbehaved:
+                        return
                 actions = self._machine.worker_misbehaved(
-                    index, f"a {frame.kind.name} frame that is not a reply ({exc})")
+                    index, f"a {kind.name} frame that is not a reply ({exc})")
             self._perform(actions)
+            if worker.misbehaved:
+                return
+        if replies:
+            self._replies_arrived(index, worker, replies)
             if worker.misbehaved:
                 return
         if worker.reader.error:  # after those frames, bytes that are not a frame
             self._perform(self._machine.worker_misbehaved(index, worker.reader.error))
 
+    def _replies_arrived(self, index: int, worker: WorkerHandle,
+                         replies: list[tuple[int, object]]) -> None:
+        worker.tasks_run += len(replies)
+        self._perform(self._machine.tasks_replied(index, replies))
+
     def _frame_arrived(self, index: int, worker: WorkerHandle, frame: Frame
                        ) -> list[_actions.Action]:
-        """Tell the machine what the frame says, decoded here, where it arrived. Raises
-        MalformedFrame (before telling anything) if its body is not what its kind says."""
+        """Tell the machine what a frame other than a reply says, decoded here, where it
+        arrived. Raises MalformedFrame (before telling anything) if its body is not what
+        its kind says."""
         if frame.kind is Kind.READY:
             return self._machine.worker_ready(index, pipelining=worker.reclaim_fd is not None)
         if frame.kind is Kind.INIT_FAILED:  # (kept for its exit, which says it failed to start)
@@ -531,11 +573,7 @@ class Dispatcher:
                         "replacing it after this task", self.name, worker.pid,
                         int.from_bytes(frame.body, "big"))
             return self._machine.worker_over_memory(index)
-        outcome = _pickling.decode_outcome(frame)
-        worker.tasks_run += 1
-        if not outcome[0]:
-            self._decoded_errors.append(outcome[1])
-        return self._machine.task_replied(index, frame.task_id, outcome)
+        raise _frames.MalformedFrame(f"a {frame.kind.name} frame carries no outcome")
 
     def _worker_gone(self, index: int, worker: WorkerHandle) -> None:
         exited = worker.finish()
@@ -567,8 +605,9 @@ class Dispatcher:
     def _perform(self, actions: list[_actions.Action]) -> None:
         """Carry out actions in order (and those they lead to, after them)."""
         work = list(actions)
-        while work:
-            work += self._perform_one(work.pop(0))
+        for action in work:  # (what they lead to is appended: the loop reaches it too)
+            if more := self._perform_one(action):
+                work += more
 
     def _log_death(self, error: WorkerDied) -> None:
         """One WARNING per worker that died while running a task (the caller may never
@@ -679,7 +718,8 @@ class Dispatcher:
             if isinstance(command, Sync):
                 command.done.set()
             elif isinstance(command, Submit):
-                self._refuse(command.record)
+                for record in command.records:
+                    self._refuse(record)
 
     def _abandon(self, index: int) -> None:
         """The worker outlived SIGKILL's grace (stuck in the kernel): report it by pid, free

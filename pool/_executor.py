@@ -225,8 +225,8 @@ class ProcessPool(Executor):
         from . import _mapping
         from ._progress import Progress
         reporter = None if progress is None else Progress(progress)
-        batches, submit_one = self._map_calls(fn, iterables, chunksize, buffersize)
-        return _mapping.results(batches, submit_one, chunksize=chunksize, buffersize=buffersize,
+        batches, submit_group = self._map_calls(fn, iterables, chunksize, buffersize)
+        return _mapping.results(batches, submit_group, chunksize=chunksize, buffersize=buffersize,
                             timeout=timeout, progress=reporter, through=through)
 
     async def run(self, fn: Callable[..., T], /, *args: Any, timeout: float | None = _POOL_DEFAULT,
@@ -262,17 +262,17 @@ class ProcessPool(Executor):
 
     def _map_calls(self, fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...],
                    chunksize: int, buffersize: int | None
-                   ) -> tuple[Iterator[tuple[Any, ...]], _mapping.SubmitBatch]:
+                   ) -> tuple[Iterator[tuple[Any, ...]], _mapping.SubmitGroup]:
         """What ``map`` and ``amap`` submit, once their options are checked and the pool is
         known to be open: the input as argument tuples, read lazily, and the function that
-        submits one with the pool's ``task_timeout`` (see ``_mapping.calls``)."""
+        submits a group of them with the pool's ``task_timeout`` (``_mapping.calls``)."""
         from . import _mapping
         _mapping.check_options(chunksize, buffersize)
         self._dispatcher.check_open()
         if not self._main_checked:
             self._check_first_use()
-        return _mapping.calls(fn, iterables, chunksize, lambda call, args, body: (
-            self._dispatcher.submit(call, args, {}, body, self._task_timeout)))
+        return _mapping.calls(fn, iterables, chunksize, lambda encoded: (
+            self._dispatcher.submit_many(encoded, self._task_timeout)))
 
     def _check_first_use(self) -> None:
         """Before the first task: fail at once, with the fix, where workers would re-run

@@ -30,6 +30,7 @@ import math
 import queue
 import threading
 import time
+from _thread import RLock
 from concurrent.futures import Future, _base
 from typing import Any, Callable, Generator, TypeVar
 
@@ -129,7 +130,7 @@ class PoolFuture(Future[T]):
     _made_condition: threading.Condition | None = None
 
     def __init__(self) -> None:  # (not Future.__init__: see the class docstring)
-        self._lock = threading.RLock()
+        self._lock = RLock()  # (the C type itself: threading.RLock is a Python function)
         self._state = _base.PENDING
         self._result: Any = None
         self._exception: BaseException | None = None

@@ -21,15 +21,23 @@ from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Iterator
 
 from . import _frames, _pickling
+from ._commands import EncodedCall
 from ._errors import ArgumentPicklingError
 from ._futures import PoolFuture, failed
 from ._outcomes import fresh
 from ._progress import Progress
 from ._worker import process_chunk, process_items
 
-# Submits one encoded call: (the user's function, its argument tuple, the encoded call).
-SubmitEncoded = Callable[[Callable[..., Any], tuple[Any, ...], _frames.Buffers], PoolFuture[Any]]
+# Submits encoded calls, in order, as one group: (the user's function, its argument
+# tuple, no keyword arguments, the encoded call) each.
+SubmitEncoded = Callable[[list[EncodedCall]], list[PoolFuture[Any]]]
 SubmitBatch = Callable[[tuple[Any, ...]], PoolFuture[Any]]
+SubmitGroup = Callable[[list[tuple[Any, ...]]], list[PoolFuture[Any]]]
+
+# An eager map submits its input in groups of up to this many tasks (one command and one
+# wake-up of the pool's thread each), starting with one and doubling, so that the first
+# tasks start while the rest are pickled.
+GROUP_TASKS = 64
 
 
 def check_options(chunksize: int, buffersize: int | None) -> None:
@@ -42,10 +50,10 @@ def check_options(chunksize: int, buffersize: int | None) -> None:
 
 
 def calls(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...], chunksize: int,
-          submit: SubmitEncoded) -> tuple[Iterator[tuple[Any, ...]], SubmitBatch]:
+          submit: SubmitEncoded) -> tuple[Iterator[tuple[Any, ...]], SubmitGroup]:
     """The input, read lazily, as argument tuples (a chunk of ``chunksize`` items is one
     tuple, run by ``process_items`` or ``process_chunk``), and the function that submits
-    one of them through ``submit``. The function is pickled once, here."""
+    a group of them through ``submit``. The function is pickled once, here."""
     runner: Callable[..., Any] = fn
     batches: Iterator[tuple[Any, ...]] = zip(*iterables)
     if chunksize > 1 and len(iterables) == 1:
@@ -61,38 +69,63 @@ def calls(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...], chunksiz
     else:
         fn_error = None
 
-    def submit_batch(args: tuple[Any, ...]) -> PoolFuture[Any]:
+    def submit_group(group: list[tuple[Any, ...]]) -> list[PoolFuture[Any]]:
         # Each batch fails on its own, as with the stdlib: the others still run.
         if fn_error is not None:
-            return failed(fresh(fn_error))  # one instance per future, as the stdlib
-        try:
-            body = _pickling.encode_call(fn_blob, _pickling.dumps_arguments(fn, args, {}))
-        except ArgumentPicklingError as exc:
-            return failed(exc)
-        return submit(fn, args, body)
+            return [failed(fresh(fn_error)) for _ in group]  # one instance per future
+        futures: list[PoolFuture[Any] | None] = []
+        encoded: list[EncodedCall] = []
+        for args in group:
+            try:
+                body = _pickling.encode_call(fn_blob, _pickling.dumps_arguments(fn, args, {}))
+            except ArgumentPicklingError as exc:
+                futures.append(failed(exc))
+            else:
+                futures.append(None)
+                encoded.append((fn, args, {}, body))
+        if not encoded:
+            return futures  # type: ignore[return-value]
+        submitted = iter(submit(encoded))
+        return [next(submitted) if future is None else future for future in futures]
 
-    return batches, submit_batch
+    return batches, submit_group
 
 
-def results(batches: Iterator[tuple[Any, ...]], submit_one: SubmitBatch, *, chunksize: int,
+def one_by_one(submit_group: SubmitGroup) -> SubmitBatch:
+    """Submit one batch at a time (``amap``, and a lazy ``map``)."""
+    return lambda args: submit_group([args])[0]
+
+
+def results(batches: Iterator[tuple[Any, ...]], submit_group: SubmitGroup, *, chunksize: int,
             buffersize: int | None, timeout: float | None, progress: Progress | None,
             through: Callable[[Callable[[], PoolFuture[Any]]], PoolFuture[Any]] | None
             ) -> Iterator[Any]:
-    """Submit the batches (all now, or ``buffersize`` ahead) and return the results in
-    input order. ``through``, if given, makes each submission (a lease counts its own
-    futures); ``progress`` is told the items of each finished task."""
+    """Submit the batches (all now, in groups, or ``buffersize`` ahead, one by one) and
+    return the results in input order. ``through``, if given, makes each submission, one
+    by one (a lease counts its own futures); ``progress`` is told the items of each
+    finished task."""
     end_time = None if timeout is None else timeout + time.monotonic()
+    submit_one = one_by_one(submit_group)
 
-    def submit_batch(args: tuple[Any, ...]) -> PoolFuture[Any]:
-        future = submit_one(args) if through is None else through(lambda: submit_one(args))
+    def track(future: PoolFuture[Any], args: tuple[Any, ...]) -> PoolFuture[Any]:
         if progress is not None:
             progress.track(future, len(args[0]) if chunksize > 1 else 1)
         return future
 
+    def submit_batch(args: tuple[Any, ...]) -> PoolFuture[Any]:
+        future = submit_one(args) if through is None else through(lambda: submit_one(args))
+        return track(future, args)
+
     futures: collections.deque[Future[Any]] = collections.deque()
     try:
-        for args in itertools.islice(batches, buffersize):
-            futures.append(submit_batch(args))
+        if buffersize is not None or through is not None:
+            for args in itertools.islice(batches, buffersize):
+                futures.append(submit_batch(args))
+        else:
+            size = 1
+            while group := list(itertools.islice(batches, size)):
+                futures.extend(map(track, submit_group(group), group))
+                size = min(2 * size, GROUP_TASKS)
     except BaseException:
         for future in futures:
             future.cancel()
@@ -138,8 +171,9 @@ def _result_or_cancel(future: Future[Any], timeout: float | None) -> Any:
     try:
         try:
             return future.result(timeout)
-        finally:
+        except BaseException:  # (a timeout, an interrupt; a finished one ignores cancel)
             future.cancel()
+            raise
     finally:
         del future  # break the reference cycle with the exception's traceback
 

@@ -256,27 +256,40 @@ class StateMachine:
     def task_replied(self, index: int, task_id: int, outcome: object = None) -> list[Action]:
         """A reply arrived (``outcome``, opaque here, travels in ``Resolve``). A reply for
         any task but the one running is the worker breaking the protocol."""
+        return self.tasks_replied(index, [(task_id, outcome)])
+
+    def tasks_replied(self, index: int, replies: list[tuple[int, object]]) -> list[Action]:
+        """Replies that arrived together from one worker, in order, each as
+        ``task_replied`` takes it; what is queued is assigned once, after all of them (a
+        worker that keeps up sends several per read, and a pass over the slots for each
+        would cost more than the reply). A reply out of turn ends the batch: the worker
+        misbehaved, and nothing after it is believed."""
         slot = self.slots[index]
-        if not slot.in_flight or slot.in_flight[0] != task_id:
-            return self.worker_misbehaved(
-                index, f"a reply for task {task_id}, which it was not running")
-        slot.in_flight.popleft()
-        task = self._tasks[task_id]
-        if task.started is not None:
-            slot.last_duration = self._clock() - task.started
-        if not slot.in_flight:
-            slot.idle_since = self._clock()
-        self._move_task(task, TaskState.DONE)
+        in_flight = slot.in_flight
+        tasks = self._tasks
+        actions: list[Action] = []
+        for task_id, outcome in replies:
+            if not in_flight or in_flight[0] != task_id:
+                return actions + self.worker_misbehaved(
+                    index, f"a reply for task {task_id}, which it was not running")
+            in_flight.popleft()
+            task = tasks[task_id]
+            self._move_task(task, TaskState.DONE)
+            now = self._clock()
+            if task.started is not None:
+                slot.last_duration = now - task.started
+            actions.append(Resolve(task_id, outcome))
+            if slot.ending is Ending.TIMED_OUT or slot.ending is Ending.STOPPED:
+                # It finished just as it was being ended: its reply wins (a stop still makes
+                # its future cancelled); the worker goes anyway.
+                slot.ending = None
+            if in_flight:
+                actions += self._start_running(slot, tasks[in_flight[0]])
+            else:
+                slot.idle_since = now
+            if slot.state is SlotState.READY and self._quota_used(slot):
+                self._move_slot(slot, SlotState.RETIRING)
         self.start_failures = 0
-        actions: list[Action] = [Resolve(task_id, outcome)]
-        if slot.ending in (Ending.TIMED_OUT, Ending.STOPPED):
-            # It finished just as it was being ended: its reply wins (a stop still makes its
-            # future cancelled); the worker goes anyway.
-            slot.ending = None
-        if slot.in_flight:
-            actions += self._start_running(slot, self._tasks[slot.in_flight[0]])
-        if slot.state is SlotState.READY and self._quota_used(slot):
-            self._move_slot(slot, SlotState.RETIRING)
         return actions + self._schedule()
 
     def task_cancelled(self, index: int, task_id: int) -> list[Action]:
