@@ -20,7 +20,7 @@ import time
 from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Iterator
 
-from . import _frames, _pickling
+from . import _pickling
 from ._commands import EncodedCall
 from ._errors import ArgumentPicklingError
 from ._futures import PoolFuture, failed
