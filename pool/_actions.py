@@ -1,7 +1,8 @@
 """The actions the state machine asks the dispatcher to carry out.
 
 Owns: nothing but these value types. Runs in: the dispatcher thread.
-Guarantees: each is immutable and names its slot by ``index`` (a ``Slot`` record is the
+Guarantees: each is immutable (``Send`` and ``Resolve``, made for every task, by
+convention: a frozen dataclass's ``__init__`` costs three times a plain one's) and names its slot by ``index`` (a ``Slot`` record is the
 machine's own; everywhere else a slot is its index) and its task by ``task_id``, never by
 object.
 The facts an action needs from the event that caused it (a reply's outcome, a dead worker's
@@ -26,13 +27,13 @@ class Spawn:
     index: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (not frozen: see the module docstring)
 class Send:
     index: int
     task_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (not frozen: see the module docstring)
 class Resolve:
     """The task's reply is final: deliver it to the future. ``outcome``: ``(True, value)``
     or ``(False, exception)``, as the reply was decoded."""

@@ -412,7 +412,7 @@ class Dispatcher:
         self.drain_wakeups(ready)
         self.deliver_replies(ready)
         self.handle_exits(ready)
-        self.fire_deadlines()
+        self.fire_deadlines(deadline)
         self.flush_sends()
         if self._decoded_errors:  # now that the frames that decoded them have returned
             for error in self._decoded_errors:
@@ -495,8 +495,13 @@ class Dispatcher:
                 self._read_worker(index, worker)  # replies before deaths, to the last byte
                 self._worker_gone(index, worker)
 
-    def fire_deadlines(self) -> None:
-        self._perform(self._machine.tick())
+    def fire_deadlines(self, due: float | None) -> None:
+        """Tick the machine if what was due first when this turn began (``due``) has
+        come. A deadline set during the turn lies after the moment it was set, and the
+        next turn's wait ends by then, so it is not missed; ticking every turn would cost
+        passes over the slots for every batch of replies."""
+        if due is not None and time.monotonic() >= due:
+            self._perform(self._machine.tick())
         if self._lingering:
             self._check_lingering_groups()
 
@@ -606,8 +611,21 @@ class Dispatcher:
         """Carry out actions in order (and those they lead to, after them)."""
         work = list(actions)
         for action in work:  # (what they lead to is appended: the loop reaches it too)
-            if more := self._perform_one(action):
+            # The two that every task causes, first and without a call.
+            if type(action) is _actions.Resolve:
+                self._resolve(action)
+            elif type(action) is _actions.Send:
+                if more := self._send(action.index, self._tasks[action.task_id]):
+                    work += more
+            elif more := self._perform_one(action):
                 work += more
+
+    def _resolve(self, action: _actions.Resolve) -> None:
+        """Deliver a reply to its future (and count how the task ended)."""
+        record = self._tasks.pop(action.task_id)
+        ok, value = action.outcome
+        self._count_end(record, Outcome.COMPLETED if ok else Outcome.FAILED)
+        resolve(record.future, value if ok else None, None if ok else value)
 
     def _log_death(self, error: WorkerDied) -> None:
         """One WARNING per worker that died while running a task (the caller may never
@@ -632,10 +650,7 @@ class Dispatcher:
         if isinstance(action, _actions.Send):
             return self._send(action.index, self._tasks[action.task_id])
         if isinstance(action, _actions.Resolve):
-            record = self._tasks.pop(action.task_id)
-            ok, value = action.outcome
-            self._count_end(record, Outcome.COMPLETED if ok else Outcome.FAILED)
-            resolve(record.future, value if ok else None, None if ok else value)
+            self._resolve(action)
         elif isinstance(action, (_actions.FailDied, _actions.FailTimedOut,
                                  _actions.FailTerminated)):
             record = self._tasks.pop(action.task_id)

@@ -197,6 +197,8 @@ class PoolFuture(Future[T]):
 
     def _wake(self) -> None:
         """Release the waiters (after the state became a done one)."""
+        if not self._wakers:
+            return  # (the usual case: nobody waits on this one)
         for latch in list(self._wakers):
             latch.set()
 
@@ -321,9 +323,13 @@ class PoolFuture(Future[T]):
                         waiter.add_result(self)
                 self._notify_locked()
                 ended = _base.FINISHED
-        if ended is None and not self._stop_requested:
-            raise _base.InvalidStateError(f"{state}: {self!r}")
-        self._after_end(ended)
+        if ended is None:
+            if not self._stop_requested:
+                raise _base.InvalidStateError(f"{state}: {self!r}")
+            return
+        self._wake()
+        if ended != _base.CANCELLED:
+            self._invoke_callbacks()  # (as _after_end, one call less on every task)
 
     def _end_cancelled(self) -> None:
         """End cancelled whatever the state (running included), waking every waiter."""

@@ -187,6 +187,22 @@ class TaskQueue:
         """A queued task has just ended (it is no longer live): forget it, lazily."""
         self._dead += 1
 
+    def peek(self) -> int | None:
+        """The first live task, or None if there is none (one call where ``_assign``
+        would otherwise make three: it runs for every task)."""
+        ids, live = self._ids, self._live
+        while ids:
+            task_id = ids[0]
+            if task_id in live:
+                return task_id
+            ids.popleft()
+            self._dead -= 1
+        return None
+
+    def drop_head(self) -> None:
+        """Remove the first task, which ``peek`` just returned."""
+        self._ids.popleft()
+
     def head(self) -> int:
         """The first live task (the queue must not be empty)."""
         self._prune()

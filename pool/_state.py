@@ -187,14 +187,15 @@ class StateMachine:
         if new is SlotState.EMPTY:
             slot.assigned_count, slot.over_memory, slot.last_duration = 0, False, None
 
-    def _start_running(self, slot: Slot, task: Task) -> list[Action]:
-        """``task`` is now the one its worker runs: start its clock (or stop it at once)."""
+    def _start_running(self, slot: Slot, task: Task, now: float | None = None) -> list[Action]:
+        """``task`` is now the one its worker runs: start its clock (or stop it at once).
+        ``now``: the machine's clock, if the caller has just read it."""
         self._move_task(task, TaskState.RUNNING)
-        task.started = self._clock()
+        task.started = started = self._clock() if now is None else now
         if task.stop_requested:
             return self._stop_running(slot)
         if task.timeout is not None:
-            task.deadline = self._clock() + task.timeout
+            task.deadline = started + task.timeout
         return []
 
     # -- events -----------------------------------------------------------------------------
@@ -267,6 +268,8 @@ class StateMachine:
         slot = self.slots[index]
         in_flight = slot.in_flight
         tasks = self._tasks
+        now = self._clock()  # (they arrived together)
+        quota = self._max_tasks is not None
         actions: list[Action] = []
         for task_id, outcome in replies:
             if not in_flight or in_flight[0] != task_id:
@@ -275,7 +278,6 @@ class StateMachine:
             in_flight.popleft()
             task = tasks[task_id]
             self._move_task(task, TaskState.DONE)
-            now = self._clock()
             if task.started is not None:
                 slot.last_duration = now - task.started
             actions.append(Resolve(task_id, outcome))
@@ -284,10 +286,11 @@ class StateMachine:
                 # its future cancelled); the worker goes anyway.
                 slot.ending = None
             if in_flight:
-                actions += self._start_running(slot, tasks[in_flight[0]])
+                if more := self._start_running(slot, tasks[in_flight[0]], now):
+                    actions += more
             else:
                 slot.idle_since = now
-            if slot.state is SlotState.READY and self._quota_used(slot):
+            if quota and slot.state is SlotState.READY and self._quota_used(slot):
                 self._move_slot(slot, SlotState.RETIRING)
         self.start_failures = 0
         return actions + self._schedule()
@@ -605,19 +608,21 @@ class StateMachine:
 
     def _assign(self) -> list[Action]:
         actions: list[Action] = []
+        queue, tasks = self._queue, self._tasks
         now = self._clock()
-        while self._queue:
-            slot = self._pick_slot(self._tasks[self._queue.head()].pipelinable, now)
+        while (task_id := queue.peek()) is not None:
+            task = tasks[task_id]
+            slot = self._pick_slot(task.pipelinable, now)
             if slot is None:
                 break
-            task = self._tasks[self._queue.popleft()]
-            slot.in_flight.append(task.task_id)
+            queue.drop_head()
+            slot.in_flight.append(task_id)
             slot.assigned_count += 1
-            if self._quota_used(slot):
+            if self._max_tasks is not None and self._quota_used(slot):
                 self._move_slot(slot, SlotState.RETIRING)
-            actions.append(Send(slot.index, task.task_id))
+            actions.append(Send(slot.index, task_id))
             if len(slot.in_flight) == 1:
-                actions += self._start_running(slot, task)
+                actions += self._start_running(slot, task, now)
             else:
                 self._move_task(task, TaskState.ASSIGNED)
         return actions
