@@ -254,6 +254,8 @@ class FrameReader:
                 break
             self._buffer += chunk
             self._parse(frames)
+            if len(chunk) < _READ_CHUNK and self._large is None:
+                break  # the pipe is empty for now: the next wait() says when it is not
         return frames
 
     def _read_large(self, frames: list[Frame]) -> None:

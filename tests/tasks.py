@@ -81,6 +81,13 @@ EFFECTS = {
 }
 
 
+
+def touch(path):
+    """Create the file at ``path``; return the path."""
+    open(path, "a").close()
+    return path
+
+
 def do_effect(effect):
     EFFECTS[effect]()
     return "survived"

@@ -56,6 +56,39 @@ def test_map_raises_at_the_failing_item(ctx):
             next(results)
 
 
+
+def test_an_eager_map_starts_its_first_task_before_it_has_read_the_rest_of_its_input(
+        ctx, tmp_path):
+    # map() without buffersize reads its whole input before it returns, submitting as it
+    # goes, in growing groups; the first goes alone, so a worker starts on it while the
+    # input is still being read (this input waits for that task before going on).
+    started = tmp_path / "started"
+
+    def items():
+        yield str(started)
+        for _ in range(300):  # (a slow poll, not a sleep: it ends as soon as the file is there)
+            if started.exists():
+                break
+            threading.Event().wait(0.1)
+        assert started.exists(), "the first item's task had not run while map read on"
+        yield from (str(tmp_path / f"not-started-{i}") for i in range(100))
+
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        results = list(p.map(tasks.touch, items()))
+    assert results[0] == str(started) and len(results) == 101
+
+
+def test_an_item_that_cannot_be_pickled_fails_only_its_own_place_in_a_map(ctx):
+    # The input goes in groups of 1, 2, 4 ... 64 items: the lock is in the seventh group,
+    # behind six items of its own group, which still run.
+    items = [*range(69), threading.Lock(), 70]
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        results = p.map(tasks.identity, items)
+        assert [next(results) for _ in range(69)] == list(range(69))
+        with pytest.raises(pool.ArgumentPicklingError, match="argument 0"):
+            next(results)
+
+
 def test_map_timeout_raises_timeout_error(ctx, tmp_path):
     with pool.ProcessPool(1, mp_context=ctx) as p:
         gate = tmp_path / "gate"

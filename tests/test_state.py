@@ -648,6 +648,32 @@ def test_small_tasks_queue_behind_a_worker_only_while_its_tasks_are_short():
     assert m.task_replied(0, 3) == [Resolve(3), Send(0, 5)]  # 3 was short again
 
 
+
+def test_replies_that_arrive_together_resolve_in_order_then_assign_once():
+    m, clock = machine(1, pipeline_depth=3)
+    for task_id in (1, 2, 3, 4, 5, 6):
+        m.submit(task_id, frame_bytes=SMALL)
+    start_warm(m, 0)  # sends 1, 2 and 3
+    clock.now += 0.0005
+    # One pass over the slots after all three: the pipeline is refilled in one go.
+    assert m.tasks_replied(0, [(1, (True, "a")), (2, (True, "b")), (3, (True, "c"))]) == [
+        Resolve(1), Resolve(2), Resolve(3), Send(0, 4), Send(0, 5), Send(0, 6)]
+    assert [m.task_state(t) for t in (4, 5, 6)] == [
+        TaskState.RUNNING, TaskState.ASSIGNED, TaskState.ASSIGNED]
+
+
+def test_a_reply_out_of_turn_in_a_batch_ends_the_batch_as_misbehaviour():
+    m, _ = machine(1, pipeline_depth=3)
+    for task_id in (1, 2, 3):
+        m.submit(task_id, frame_bytes=SMALL)
+    start_warm(m, 0)
+    actions = m.tasks_replied(0, [(1, None), (3, None), (2, None)])
+    # 1 was running: its reply counts. 3 was not: the worker misbehaved, 2 (now running)
+    # fails with it, and nothing after the bad reply is believed.
+    assert actions[:3] == [Resolve(1), Misbehaved(0), FailMisbehaved(2, 0)]
+    assert Resolve(2) not in actions and m.task_state(3) is TaskState.QUEUED
+
+
 # -- idle_timeout ---------------------------------------------------------------------------
 
 def test_an_idle_worker_is_stopped_after_idle_timeout_and_not_refilled_until_work_comes():

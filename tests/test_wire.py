@@ -62,8 +62,22 @@ def test_end_of_file_mid_frame_is_eof_not_a_frame(pipe):
     os.write(write_end, frame_bytes(Kind.RESULT, 1, b"x" * 100)[:40])
     os.close(write_end)
     reader = FrameReader(read_end)
+    # A read that empties the pipe ends the call (the next wait() tells of more); the
+    # following one finds end of file, and the partial frame is no frame.
+    assert reader.read_available() == [] and not reader.eof
     assert reader.read_available() == []
     assert reader.eof
+
+
+def test_a_read_that_empties_the_pipe_returns_without_another_system_call(pipe, monkeypatch):
+    read_end, write_end = pipe
+    os.write(write_end, frame_bytes(Kind.RESULT, 1, b"ok") + frame_bytes(Kind.RESULT, 2, b""))
+    reads = []
+    real_read = os.read
+    monkeypatch.setattr(os, "read", lambda fd, n: reads.append(fd) or real_read(fd, n))
+    reader = FrameReader(read_end)
+    assert reader.read_available() == [Frame(Kind.RESULT, 1, b"ok"), Frame(Kind.RESULT, 2, b"")]
+    assert reads == [read_end]  # a short read: the pipe was empty, no EAGAIN to wait for
 
 
 def test_garbage_is_an_error_and_reading_stops(pipe):
