@@ -4,7 +4,7 @@
 
  caller threads                   dispatcher thread "pool-dispatcher-N"       worker processes
  ──────────────                   ─────────────────────────────────────       ────────────────
- Dispatcher.submit(record)        _run: while not done: _turn()                worker_main:
+ Dispatcher.submit_many(records)  _run: while not done: _turn()                worker_main:
  Dispatcher.stop_task(id)          ready = wait([_wakeup.reader,                 FrameStream.next
  Dispatcher.terminate(signum)                 *reply fds, *sentinels],           run fn(*args)
  Dispatcher.live_processes()                  timeout=next deadline)             write_frame(RESULT
@@ -14,12 +14,14 @@
    ─► _cancels (no lock, no wake)                   Terminate, Sync → census and
                                                     stats published, latch)
  future.result() ◄── resolve ◄──   deliver_replies (WorkerHandle.read: FrameReader;
- done-callbacks ◄── CallbackRunner                  each frame → StateMachine.task_
- (own threads)                                      replied / worker_ready / ...)
+ done-callbacks ◄── CallbackRunner                  the replies of a read → State-
+ (own threads)                                      Machine.tasks_replied; other
+                                                    frames → worker_ready / ...)
                                    handle_exits    (WorkerHandle.finish: an Exit →
                                                     StateMachine.worker_exited)
-                                   fire_deadlines  (task timeouts → DumpStack;    DUMP_SIGNAL:
-                                                    escalation; lingering groups)  stack → exit
+                                   fire_deadlines  (once due: task timeouts →     DUMP_SIGNAL:
+                                                    DumpStack; escalation;         stack → exit
+                                                    lingering groups)
                                    flush_sends     (WorkerHandle.flush: a packet
                                                     per small frame; a thread
                                                     writes a large one)
@@ -557,8 +559,11 @@ class Dispatcher:
 
     def _replies_arrived(self, index: int, worker: WorkerHandle,
                          replies: list[tuple[int, object]]) -> None:
-        worker.tasks_run += len(replies)
-        self._perform(self._machine.tasks_replied(index, replies))
+        actions = self._machine.tasks_replied(index, replies)
+        # Those it accepted (after one out of turn, none is believed; such replies were
+        # decoded all the same, being read in the same batch: the worker is killed next).
+        worker.tasks_run += sum(type(action) is _actions.Resolve for action in actions)
+        self._perform(actions)
 
     def _frame_arrived(self, index: int, worker: WorkerHandle, frame: Frame
                        ) -> list[_actions.Action]:

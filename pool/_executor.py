@@ -227,7 +227,8 @@ class ProcessPool(Executor):
         reporter = None if progress is None else Progress(progress)
         batches, submit_group = self._map_calls(fn, iterables, chunksize, buffersize)
         return _mapping.results(batches, submit_group, chunksize=chunksize, buffersize=buffersize,
-                            timeout=timeout, progress=reporter, through=through)
+                                timeout=timeout, progress=reporter, through=through,
+                                grouped=_mapping.groupable(iterables))
 
     async def run(self, fn: Callable[..., T], /, *args: Any, timeout: float | None = _POOL_DEFAULT,
                   **kwargs: Any) -> T:

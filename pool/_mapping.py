@@ -18,7 +18,7 @@ import functools
 import itertools
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sized
 
 from . import _pickling
 from ._commands import EncodedCall
@@ -34,10 +34,19 @@ SubmitEncoded = Callable[[list[EncodedCall]], list[PoolFuture[Any]]]
 SubmitBatch = Callable[[tuple[Any, ...]], PoolFuture[Any]]
 SubmitGroup = Callable[[list[tuple[Any, ...]]], list[PoolFuture[Any]]]
 
-# An eager map submits its input in groups of up to this many tasks (one command and one
-# wake-up of the pool's thread each), starting with one and doubling, so that the first
-# tasks start while the rest are pickled.
+# An eager map over inputs that are all sized (lists, tuples, ranges, arrays: reading them
+# cannot block) submits them in groups of up to this many tasks, one command and one
+# wake-up of the pool's thread each, starting with one and doubling, so that the first
+# tasks start while the rest are pickled; a group also ends once its calls, encoded, hold
+# GROUP_BYTES. Any other input is submitted item by item, as it is read: an item must not
+# wait for the next to be produced (an input may even wait for an earlier task's effect).
 GROUP_TASKS = 64
+GROUP_BYTES = 256 << 10
+
+
+def groupable(iterables: tuple[Iterable[Any], ...]) -> bool:
+    """Whether map's input can be read ahead in groups (see GROUP_TASKS)."""
+    return all(isinstance(iterable, Sized) for iterable in iterables)
 
 
 def check_options(chunksize: int, buffersize: int | None) -> None:
@@ -73,20 +82,32 @@ def calls(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...], chunksiz
         # Each batch fails on its own, as with the stdlib: the others still run.
         if fn_error is not None:
             return [failed(fresh(fn_error)) for _ in group]  # one instance per future
-        futures: list[PoolFuture[Any] | None] = []
+        futures: list[PoolFuture[Any]] = []
         encoded: list[EncodedCall] = []
-        for args in group:
-            try:
-                body = _pickling.encode_call(fn_blob, _pickling.dumps_arguments(fn, args, {}))
-            except ArgumentPicklingError as exc:
-                futures.append(failed(exc))
-            else:
-                futures.append(None)
+        encoded_bytes = 0
+        try:
+            for args in group:
+                try:
+                    body = _pickling.encode_call(fn_blob,
+                                                 _pickling.dumps_arguments(fn, args, {}))
+                except ArgumentPicklingError as exc:
+                    if encoded:  # (in order: those before it go first)
+                        futures += submit(encoded)
+                        encoded, encoded_bytes = [], 0
+                    futures.append(failed(exc))
+                    continue
                 encoded.append((fn, args, {}, body))
-        if not encoded:
-            return futures  # type: ignore[return-value]
-        submitted = iter(submit(encoded))
-        return [next(submitted) if future is None else future for future in futures]
+                encoded_bytes += sum(map(len, body))
+                if encoded_bytes >= GROUP_BYTES:
+                    futures += submit(encoded)
+                    encoded, encoded_bytes = [], 0
+            if encoded:
+                futures += submit(encoded)
+        except BaseException:  # (an interrupt): what was submitted does not run unseen
+            for future in futures:
+                future.cancel()
+            raise
+        return futures
 
     return batches, submit_group
 
@@ -98,12 +119,13 @@ def one_by_one(submit_group: SubmitGroup) -> SubmitBatch:
 
 def results(batches: Iterator[tuple[Any, ...]], submit_group: SubmitGroup, *, chunksize: int,
             buffersize: int | None, timeout: float | None, progress: Progress | None,
-            through: Callable[[Callable[[], PoolFuture[Any]]], PoolFuture[Any]] | None
-            ) -> Iterator[Any]:
-    """Submit the batches (all now, in groups, or ``buffersize`` ahead, one by one) and
-    return the results in input order. ``through``, if given, makes each submission, one
-    by one (a lease counts its own futures); ``progress`` is told the items of each
-    finished task."""
+            through: Callable[[Callable[[], PoolFuture[Any]]], PoolFuture[Any]] | None,
+            grouped: bool = False) -> Iterator[Any]:
+    """Submit the batches (all now, or ``buffersize`` ahead) and return the results in
+    input order. They go one by one, as they are read, unless ``grouped`` (the input
+    cannot block: ``groupable``) and neither ``buffersize`` nor ``through`` is given.
+    ``through``, if given, makes each submission (a lease counts its own futures);
+    ``progress`` is told the items of each finished task."""
     end_time = None if timeout is None else timeout + time.monotonic()
     submit_one = one_by_one(submit_group)
 
@@ -118,17 +140,20 @@ def results(batches: Iterator[tuple[Any, ...]], submit_group: SubmitGroup, *, ch
 
     futures: collections.deque[Future[Any]] = collections.deque()
     try:
-        if buffersize is not None or through is not None:
+        if buffersize is not None or through is not None or not grouped:
             for args in itertools.islice(batches, buffersize):
                 futures.append(submit_batch(args))
         else:
             size = 1
             while group := list(itertools.islice(batches, size)):
-                futures.extend(map(track, submit_group(group), group))
+                submitted = submit_group(group)
+                futures.extend(submitted)
+                for future, args in zip(submitted, group):
+                    track(future, args)
                 size = min(2 * size, GROUP_TASKS)
     except BaseException:
-        for future in futures:
-            future.cancel()
+        for queued in futures:
+            queued.cancel()
         if progress is not None:
             progress.finish(wait=False)
         raise

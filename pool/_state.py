@@ -265,6 +265,7 @@ class StateMachine:
         worker that keeps up sends several per read, and a pass over the slots for each
         would cost more than the reply). A reply out of turn ends the batch: the worker
         misbehaved, and nothing after it is believed."""
+        assert replies, "no replies"
         slot = self.slots[index]
         in_flight = slot.in_flight
         tasks = self._tasks
@@ -278,6 +279,7 @@ class StateMachine:
             in_flight.popleft()
             task = tasks[task_id]
             self._move_task(task, TaskState.DONE)
+            self.start_failures = 0  # a task completed: the starts before it do not count
             if task.started is not None:
                 slot.last_duration = now - task.started
             actions.append(Resolve(task_id, outcome))
@@ -292,7 +294,6 @@ class StateMachine:
                 slot.idle_since = now
             if quota and slot.state is SlotState.READY and self._quota_used(slot):
                 self._move_slot(slot, SlotState.RETIRING)
-        self.start_failures = 0
         return actions + self._schedule()
 
     def task_cancelled(self, index: int, task_id: int) -> list[Action]:

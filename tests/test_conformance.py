@@ -57,25 +57,23 @@ def test_map_raises_at_the_failing_item(ctx):
 
 
 
-def test_an_eager_map_starts_its_first_task_before_it_has_read_the_rest_of_its_input(
-        ctx, tmp_path):
-    # map() without buffersize reads its whole input before it returns, submitting as it
-    # goes, in growing groups; the first goes alone, so a worker starts on it while the
-    # input is still being read (this input waits for that task before going on).
-    started = tmp_path / "started"
-
+def test_an_eager_map_submits_each_item_of_an_unsized_input_as_it_reads_it(ctx, tmp_path):
+    # map() without buffersize reads its whole input before it returns. An iterator may
+    # block between items, even until an earlier task has had its effect (as here): each
+    # item must be submitted when it is read, as the stdlib does, not kept for a group.
+    # (Sized inputs, which cannot block, go in groups: the next test.)
     def items():
-        yield str(started)
-        for _ in range(300):  # (a slow poll, not a sleep: it ends as soon as the file is there)
-            if started.exists():
-                break
-            threading.Event().wait(0.1)
-        assert started.exists(), "the first item's task had not run while map read on"
-        yield from (str(tmp_path / f"not-started-{i}") for i in range(100))
+        for i in range(6):
+            path = tmp_path / str(i)
+            yield str(path)
+            for _ in range(300):  # a bounded poll for the task's effect, not a sleep
+                if path.exists():
+                    break
+                threading.Event().wait(0.05)
+            assert path.exists(), f"item {i} was read but its task had not run"
 
     with pool.ProcessPool(2, mp_context=ctx) as p:
-        results = list(p.map(tasks.touch, items()))
-    assert results[0] == str(started) and len(results) == 101
+        assert list(p.map(tasks.touch, items())) == [str(tmp_path / str(i)) for i in range(6)]
 
 
 def test_an_item_that_cannot_be_pickled_fails_only_its_own_place_in_a_map(ctx):

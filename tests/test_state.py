@@ -674,6 +674,18 @@ def test_a_reply_out_of_turn_in_a_batch_ends_the_batch_as_misbehaviour():
     assert Resolve(2) not in actions and m.task_state(3) is TaskState.QUEUED
 
 
+
+def test_a_batch_that_completes_a_task_resets_the_failed_starts_even_if_it_ends_badly():
+    m, _ = machine(2, pipeline_depth=2)
+    for task_id in (1, 2):
+        m.submit(task_id, frame_bytes=SMALL)
+    start_warm(m, 0)
+    m.start_failures = MAX_START_FAILURES - 1  # (as if other slots kept failing to start)
+    m.tasks_replied(0, [(1, None), (99, None)])  # task 1 completed, then garbage
+    assert m.start_failures == 0  # a task completed in between: the pool is not broken
+    assert m.life is PoolLife.OPEN
+
+
 # -- idle_timeout ---------------------------------------------------------------------------
 
 def test_an_idle_worker_is_stopped_after_idle_timeout_and_not_refilled_until_work_comes():

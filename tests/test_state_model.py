@@ -144,9 +144,13 @@ class World:
                 return
             self.alive[slot]["ready"] = True
             self.perform(m.worker_ready(slot, pipelining=rng.random() < 0.8))
-        elif choice == "reply":
+        elif choice == "reply":  # one, or several read together (the last perhaps wrong)
             slot = rng.choice(busy)
-            self.perform(m.task_replied(slot, m.slots[slot].in_flight[0]))
+            in_flight = list(m.slots[slot].in_flight)
+            batch = [(t, (True, None)) for t in in_flight[:rng.randint(1, len(in_flight))]]
+            if rng.random() < 0.1:
+                batch.append((rng.randrange(1, self.next_task + 1), (True, None)))
+            self.perform(m.tasks_replied(slot, batch))
         elif choice == "die":  # (in flaky worlds, often one that runs: see flaky_starts)
             self.die(rng.choice(busy if busy and self.flaky_starts and rng.random() < 0.5
                                 else list(self.alive)))
