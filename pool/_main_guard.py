@@ -9,7 +9,8 @@ submit); ``keep_main_importable`` in the dispatcher thread.
 Guarantees: never raises for a program that can start workers (a pool created at the top
 level but used only under the guard passes, as it works with the stdlib; so does any code
 under a block that tests ``__name__``, and ``python -m package``, whose ``__main__`` module
-workers do not run again); costs nothing after a pool's first submission.
+workers do not run again); costs nothing after a pool's first submission, and parses
+the main script once for all the pools it makes from the same line.
 Assumes: multiprocessing's spawn and forkserver children re-run the main script's top
 level as ``__mp_main__`` (with ``current_process()._inheriting`` set while they do), and a
 forked child does not.
@@ -19,12 +20,17 @@ from __future__ import annotations
 
 import ast
 import multiprocessing
+import os
 import sys
 from types import FrameType, ModuleType
 
 
 # The main script's path while it ran (see ``keep_main_importable``).
 _main_path: str | None = None
+
+# Whether a line of a main script lies under a ``__name__`` guard, by (path, modification
+# time, size, line): see ``check_main_is_guarded``.
+_verdicts: dict[tuple[str, int, int, int], bool] = {}
 
 
 def remember_main_script() -> None:
@@ -86,11 +92,21 @@ def check_main_is_guarded(start_method: str) -> None:
         return  # not called from a main script's top level (-c, a REPL, a later call)
     line = frame.f_lineno
     try:
-        with open(path, "rb") as source:
-            tree = ast.parse(source.read(), path)
-    except (OSError, SyntaxError, ValueError):
+        stat = os.stat(path)
+    except OSError:
         return  # cannot tell: let it go as the stdlib would
-    if not _guarded(tree.body, line):
+    # Parsing the script costs milliseconds (5 ms for 500 lines), at every pool's first
+    # use: a script that makes pool after pool asks about the same line again and again.
+    key = (path, stat.st_mtime_ns, stat.st_size, line)
+    guarded = _verdicts.get(key)
+    if guarded is None:
+        try:
+            with open(path, "rb") as source:
+                guarded = _guarded(ast.parse(source.read(), path).body, line)
+        except (OSError, SyntaxError, ValueError):
+            guarded = True  # cannot tell: let it go as the stdlib would
+        _verdicts[key] = guarded
+    if not guarded:
         raise RuntimeError(_advice(start_method, path, f"(line {line})"))
 
 

@@ -136,3 +136,31 @@ def test_a_pool_in_a_daemonic_process_fails_at_once_saying_why():
     assert "daemonic" in message and "daemon=False" in message
     assert "DASK_DISTRIBUTED__WORKER__DAEMON=False" in message
     assert os.getpid() != daemon.pid
+
+
+POOLS_IN_A_LOOP = '''
+import ast, multiprocessing, sys
+sys.path.insert(0, {tests!r})
+import pool, tasks
+
+parses = []
+real_parse = ast.parse
+ast.parse = lambda *args, **kwargs: parses.append(args) or real_parse(*args, **kwargs)
+
+def main():
+    for i in range(3):
+        with pool.ProcessPool(1, mp_context=multiprocessing.get_context({method!r})) as p:
+            assert p.submit(tasks.square, i).result(timeout=60) == i * i
+    print("parsed", len(parses))
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+def test_the_main_script_is_parsed_once_for_the_pools_it_makes_from_one_line(tmp_path):
+    # The guard check reads the script's syntax tree at each pool's first use: a few
+    # milliseconds for a long script, paid again by every pool a loop makes.
+    result = _run(tmp_path, POOLS_IN_A_LOOP, "forkserver")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["parsed", "1"]
