@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -19,6 +20,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 IN_CHILD = "POOL_TEST_IN_CHILD"
+
+# A suite started in the background by a non-interactive shell (``tox run &`` in a script)
+# inherits SIGINT ignored, and so would every child a test starts: a test that sends a
+# child Ctrl-C would see it ignored, as pool rightly keeps an inherited SIG_IGN (nohup).
+# With a handler here instead, children start with the default disposition.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _timeout_of(item: pytest.Item) -> float:
