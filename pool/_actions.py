@@ -2,9 +2,9 @@
 
 Owns: nothing but these value types. Runs in: the dispatcher thread.
 Guarantees: each is immutable (``Send`` and ``Resolve``, made for every task, by
-convention: a frozen dataclass's ``__init__`` costs three times a plain one's) and names its slot by ``index`` (a ``Slot`` record is the
-machine's own; everywhere else a slot is its index) and its task by ``task_id``, never by
-object.
+convention: a frozen dataclass's ``__init__`` costs three times a plain one's) and names
+its slot by ``index`` (a ``Slot`` record is the machine's own; everywhere else a slot is
+its index) and its task by ``task_id``, never by object.
 The facts an action needs from the event that caused it (a reply's outcome, a dead worker's
 ``Exit``, why a worker is called misbehaving) travel in it, opaque to the machine and left
 out of comparisons, so that the dispatcher acts on each where it arrives.

@@ -524,7 +524,7 @@ class Dispatcher:
     def _read_worker(self, index: int, worker: WorkerHandle) -> None:
         if worker.misbehaved:
             return  # the machine called it misbehaving: nothing more is read from it
-        replies: list[tuple[int, object]] = []  # told to the machine together
+        replies: list[tuple[int, object]] = []  # told to the machine together, in order
         for frame in worker.read():
             kind = frame.kind
             try:
@@ -534,36 +534,35 @@ class Dispatcher:
                         self._decoded_errors.append(outcome[1])
                     replies.append((frame.task_id, outcome))
                     continue
-                if replies:  # in order: what came before this frame first
-                    self._replies_arrived(index, worker, replies)
-                    replies = []
-                    if worker.misbehaved:
-                        return
+                if self._replies_arrived(index, worker, replies):  # what came before first
+                    return
                 actions = self._frame_arrived(index, worker, frame)
             except _frames.MalformedFrame as exc:
-                if replies:
-                    self._replies_arrived(index, worker, replies)
-                    if worker.misbehaved:
-                        return
+                if self._replies_arrived(index, worker, replies):
+                    return
                 actions = self._machine.worker_misbehaved(
                     index, f"a {kind.name} frame that is not a reply ({exc})")
             self._perform(actions)
             if worker.misbehaved:
                 return
-        if replies:
-            self._replies_arrived(index, worker, replies)
-            if worker.misbehaved:
-                return
+        if self._replies_arrived(index, worker, replies):
+            return
         if worker.reader.error:  # after those frames, bytes that are not a frame
             self._perform(self._machine.worker_misbehaved(index, worker.reader.error))
 
     def _replies_arrived(self, index: int, worker: WorkerHandle,
-                         replies: list[tuple[int, object]]) -> None:
+                         replies: list[tuple[int, object]]) -> bool:
+        """Tell the machine the replies gathered (if any), and empty the list; True if the
+        worker turned out to misbehave, so that nothing more is read from it."""
+        if not replies:
+            return False
         actions = self._machine.tasks_replied(index, replies)
+        replies.clear()
         # Those it accepted (after one out of turn, none is believed; such replies were
         # decoded all the same, being read in the same batch: the worker is killed next).
         worker.tasks_run += sum(type(action) is _actions.Resolve for action in actions)
         self._perform(actions)
+        return bool(worker.misbehaved)
 
     def _frame_arrived(self, index: int, worker: WorkerHandle, frame: Frame
                        ) -> list[_actions.Action]:

@@ -323,13 +323,9 @@ class PoolFuture(Future[T]):
                         waiter.add_result(self)
                 self._notify_locked()
                 ended = _base.FINISHED
-        if ended is None:
-            if not self._stop_requested:
-                raise _base.InvalidStateError(f"{state}: {self!r}")
-            return
-        self._wake()
-        if ended != _base.CANCELLED:
-            self._invoke_callbacks()  # (as _after_end, one call less on every task)
+        if ended is None and not self._stop_requested:
+            raise _base.InvalidStateError(f"{state}: {self!r}")
+        self._after_end(ended)
 
     def _end_cancelled(self) -> None:
         """End cancelled whatever the state (running included), waking every waiter."""

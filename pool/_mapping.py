@@ -83,26 +83,29 @@ def calls(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...], chunksiz
         if fn_error is not None:
             return [failed(fresh(fn_error)) for _ in group]  # one instance per future
         futures: list[PoolFuture[Any]] = []
-        encoded: list[EncodedCall] = []
+        encoded: list[EncodedCall] = []  # not yet submitted, in order
         encoded_bytes = 0
+
+        def submit_encoded() -> None:
+            nonlocal encoded, encoded_bytes
+            if encoded:
+                futures.extend(submit(encoded))
+                encoded, encoded_bytes = [], 0
+
         try:
             for args in group:
                 try:
                     body = _pickling.encode_call(fn_blob,
                                                  _pickling.dumps_arguments(fn, args, {}))
                 except ArgumentPicklingError as exc:
-                    if encoded:  # (in order: those before it go first)
-                        futures += submit(encoded)
-                        encoded, encoded_bytes = [], 0
+                    submit_encoded()  # (in order: those before it go first)
                     futures.append(failed(exc))
                     continue
                 encoded.append((fn, args, {}, body))
                 encoded_bytes += sum(map(len, body))
                 if encoded_bytes >= GROUP_BYTES:
-                    futures += submit(encoded)
-                    encoded, encoded_bytes = [], 0
-            if encoded:
-                futures += submit(encoded)
+                    submit_encoded()
+            submit_encoded()
         except BaseException:  # (an interrupt): what was submitted does not run unseen
             for future in futures:
                 future.cancel()

@@ -188,25 +188,13 @@ class TaskQueue:
         self._dead += 1
 
     def peek(self) -> int | None:
-        """The first live task, or None if there is none (one call where ``_assign``
-        would otherwise make three: it runs for every task)."""
-        ids, live = self._ids, self._live
-        while ids:
-            task_id = ids[0]
-            if task_id in live:
-                return task_id
-            ids.popleft()
-            self._dead -= 1
-        return None
+        """The first live task, or None if there is none."""
+        self._prune()
+        return self._ids[0] if self._ids else None
 
     def drop_head(self) -> None:
         """Remove the first task, which ``peek`` just returned."""
         self._ids.popleft()
-
-    def head(self) -> int:
-        """The first live task (the queue must not be empty)."""
-        self._prune()
-        return self._ids[0]
 
     def popleft(self) -> int:
         self._prune()

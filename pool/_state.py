@@ -270,7 +270,6 @@ class StateMachine:
         in_flight = slot.in_flight
         tasks = self._tasks
         now = self._clock()  # (they arrived together)
-        quota = self._max_tasks is not None
         actions: list[Action] = []
         for task_id, outcome in replies:
             if not in_flight or in_flight[0] != task_id:
@@ -292,7 +291,7 @@ class StateMachine:
                     actions += more
             else:
                 slot.idle_since = now
-            if quota and slot.state is SlotState.READY and self._quota_used(slot):
+            if slot.state is SlotState.READY and self._quota_used(slot):
                 self._move_slot(slot, SlotState.RETIRING)
         return actions + self._schedule()
 
@@ -619,7 +618,7 @@ class StateMachine:
             queue.drop_head()
             slot.in_flight.append(task_id)
             slot.assigned_count += 1
-            if self._max_tasks is not None and self._quota_used(slot):
+            if self._quota_used(slot):
                 self._move_slot(slot, SlotState.RETIRING)
             actions.append(Send(slot.index, task_id))
             if len(slot.in_flight) == 1:
