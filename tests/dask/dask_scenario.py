@@ -33,17 +33,25 @@ def wait_for(path, timeout=30.0):
         time.sleep(0.01)
 
 
+def say(name, text=""):
+    """Write ``HERE/name`` atomically: whoever sees the file also sees its whole text (a
+    reader that polls for a plain write can find it created and still empty)."""
+    partial = HERE / (name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, HERE / name)
+
+
 def bystander(i, until="fault-done"):
     """Starts, says so, runs until the file ``until`` appears (by default: once the fault
     has happened), and succeeds."""
-    (HERE / f"bystander-{i}").write_text(str(os.getpid()))
+    say(f"bystander-{i}", str(os.getpid()))
     wait_for(HERE / until)
     return ("bystander", i, os.getpid())
 
 
 def together(i, n):
     """Runs until ``n`` of these run at once (so that ``n`` pool processes exist)."""
-    (HERE / f"together-{i}").write_text(str(os.getpid()))
+    say(f"together-{i}", str(os.getpid()))
     for j in range(n):
         wait_for(HERE / f"together-{j}")
     return os.getpid()
@@ -53,7 +61,7 @@ def fault(kind):
     """Waits until the bystanders run, then fails as ``kind`` says."""
     wait_for(HERE / "bystander-0")
     wait_for(HERE / "bystander-1")
-    (HERE / "fault-pid").write_text(str(os.getpid()))
+    say("fault-pid", str(os.getpid()))
     if kind == "segfault":
         ctypes.string_at(0)
     elif kind == "exit":
