@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time these load on first use
     from ._errors import (ArgumentPicklingError, ArgumentUnpicklingError, InitializerError,
                           PoolInternalError, RemoteTaskError, ResultTransferError, TaskInfo,
                           SharedPoolConflict, TaskTimeout, WorkerDied, WorkerProtocolError,
-                          WorkerTerminated)
+                          WorkerStartRefused, WorkerTerminated)
     from ._executor import ProcessPool, ProcessPoolExecutor
     from ._futures import PoolFuture
     from ._progress import as_completed
@@ -47,7 +47,8 @@ _LAZY = {
     **dict.fromkeys(("ArgumentPicklingError", "ArgumentUnpicklingError", "InitializerError",
                      "PoolInternalError", "RemoteTaskError", "ResultTransferError",
                      "TaskInfo", "SharedPoolConflict", "TaskTimeout", "WorkerDied",
-                     "WorkerProtocolError", "WorkerTerminated"), "_errors"),
+                     "WorkerProtocolError", "WorkerStartRefused", "WorkerTerminated"),
+                    "_errors"),
     "as_completed_async": "_aio", "to_process": "_aio",
     "ProcessPool": "_executor", "ProcessPoolExecutor": "_executor",
     "PoolFuture": "_futures",
@@ -93,6 +94,7 @@ __all__ = [
     "TaskTimeout",
     "WorkerTerminated",
     "InitializerError",
+    "WorkerStartRefused",
     "PoolInternalError",
     "WorkerProtocolError",
     "RemoteTaskError",

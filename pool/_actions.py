@@ -88,6 +88,13 @@ class FailBroken:
 
 
 @dataclass(frozen=True, slots=True)
+class FailRefused:
+    """The system keeps refusing to start workers and none is left to run this queued
+    task (the pool stays open and keeps trying: ``StateMachine.spawn_refused``)."""
+    task_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class Cancel:
     """shutdown(cancel_futures=True) cancels this queued task."""
     task_id: int
@@ -156,7 +163,7 @@ class Unreaped:
 
 
 Action = Union[Spawn, Send, Resolve, FailDied, FailMisbehaved, FailTimedOut, FailTerminated,
-               Stopped, FailBroken, Cancel, Reclaim, AskToExit, Signal, DumpStack, Misbehaved,
-               WorkerGone, Broken, Unreaped]
+               Stopped, FailBroken, FailRefused, Cancel, Reclaim, AskToExit, Signal, DumpStack,
+               Misbehaved, WorkerGone, Broken, Unreaped]
 
 

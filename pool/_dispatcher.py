@@ -78,7 +78,7 @@ from ._errors import (PoolInternalError, TaskInfo, WorkerDied, WorkerProtocolErr
                       describe_exit)
 from ._futures import CallbackRunner, Latch, PoolFuture, install_on_dispatcher_thread
 from ._main_guard import keep_main_importable
-from ._outcomes import StartFailures, failure, format_error, fresh, resolve
+from ._outcomes import StartFailures, failure, format_error, fresh, is_refusal, resolve
 from ._state import StateMachine
 from ._stats import Counters, Outcome, PoolStats, WorkerStats
 from ._wakeup import Wakeup
@@ -606,8 +606,9 @@ class Dispatcher:
         if action.departure is _actions.Departure.AT_START:
             self._start_failures.worker_ended(exited.start_error, exited)
         elif action.departure is _actions.Departure.IDLE:
-            logger.warning("%s: idle worker pid %d died (%s); replacing it", self.name,
-                           exited.pid, describe_exit(exited.exitcode))
+            logger.warning("%s: idle worker pid %d died (%s); replacing it%s", self.name,
+                           exited.pid, describe_exit(exited.exitcode),
+                           f". {exited.ended_because}" if exited.ended_because else "")
 
     # -- actions -------------------------------------------------------------------------------
 
@@ -684,6 +685,11 @@ class Dispatcher:
             self._count_end(record, Outcome.FAILED)
             assert self.broken_error is not None
             resolve(record.future, None, fresh(self.broken_error))
+        elif isinstance(action, _actions.FailRefused):
+            record = self._tasks.pop(action.task_id)
+            self._count_end(record, Outcome.FAILED)
+            resolve(record.future, None,
+                    self._start_failures.refused_error(self._machine.refused_starts))
         elif isinstance(action, (_actions.Cancel, _actions.Stopped)):
             # Ends cancelled even if it was already marked running: a task taken back
             # from a worker's pipe unread, then cancelled by shutdown or a stop.
@@ -696,12 +702,19 @@ class Dispatcher:
         elif isinstance(action, _actions.Reclaim):
             taken_back = self._workers[action.index].reclaim()
             return self._machine.tasks_reclaimed(action.index, taken_back)
-        elif isinstance(action, _actions.AskToExit):
-            self._workers[action.index].close_task_pipe()
-        elif isinstance(action, _actions.Signal):
-            self._workers[action.index].signal(action.signum)
-        elif isinstance(action, _actions.DumpStack):
-            self._workers[action.index].dump_stack()
+        elif isinstance(action, (_actions.AskToExit, _actions.Signal, _actions.DumpStack)):
+            # To end the slot's worker; there may be none: a start that failed later in the
+            # same batch of actions (the machine asked a STARTING slot to stop, then heard
+            # that its start failed: see ``StateMachine.spawn_failed``).
+            ending = self._workers.get(action.index)
+            if ending is None:
+                pass
+            elif isinstance(action, _actions.AskToExit):
+                ending.close_task_pipe()
+            elif isinstance(action, _actions.Signal):
+                ending.signal(action.signum)
+            else:
+                ending.dump_stack()
         elif isinstance(action, _actions.Unreaped):
             self._abandon(action.index)
         elif isinstance(action, _actions.Broken):
@@ -796,6 +809,10 @@ class Dispatcher:
                 max_memory=self._max_memory, inherited_fds=inherited,
                 on_write_done=self._wake)
         except Exception as exc:
+            if is_refusal(exc):
+                self._counters.starts_refused += 1
+                self._start_failures.refused(exc, self._machine.refused_starts + 1)
+                return self._machine.spawn_refused(index)
             self._start_failures.spawn_raised(exc)
             return self._machine.spawn_failed(index)
         self._counters.workers_started += 1
@@ -845,7 +862,7 @@ class Dispatcher:
     def _release(self) -> None:
         """Reap every worker left (only after a failure) and close every descriptor."""
         for index, worker in list(self._workers.items()):
-            if worker.finish().exitcode is None:
+            if worker.finish(sentinel_fired=False).exitcode is None:
                 logger.error("%s: worker pid %d could not be reaped", self.name, worker.pid)
                 self._abandoned.append(worker)
             del self._workers[index]

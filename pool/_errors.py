@@ -22,6 +22,7 @@ __all__ = [
     "TaskTimeout",
     "WorkerTerminated",
     "InitializerError",
+    "WorkerStartRefused",
     "PoolInternalError",
     "WorkerProtocolError",
     "RemoteTaskError",
@@ -132,16 +133,18 @@ class WorkerDied(BrokenProcessPool):
 
     Attributes: ``pid``, ``exitcode`` (negative for a signal, as ``Process.exitcode``),
     ``signal_name`` (``"SIGKILL"`` or ``None``), ``task`` (a :class:`TaskInfo`) and
-    ``crash_report`` (what the worker's faulthandler wrote while dying, or ``None``).
+    ``crash_report`` (what the worker's faulthandler wrote while dying, or ``None``) and
+    ``ended_because`` (why the pool itself ended a worker it could no longer watch, or "").
     """
 
     def __init__(self, pid: int, exitcode: int | None, task: TaskInfo,
-                 crash_report: str | None = None) -> None:
-        super().__init__(pid, exitcode, task, crash_report)
+                 crash_report: str | None = None, ended_because: str = "") -> None:
+        super().__init__(pid, exitcode, task, crash_report, ended_because)
         self.pid = pid
         self.exitcode = exitcode
         self.task = task
         self.crash_report = crash_report or None
+        self.ended_because = ended_because
 
     @property
     def signal_name(self) -> str | None:
@@ -155,7 +158,9 @@ class WorkerDied(BrokenProcessPool):
     def __str__(self) -> str:
         how = describe_exit(self.exitcode)
         text = f"worker pid {self.pid} died ({how}) while running {self.task.describe()}"
-        if self.signal_name == "SIGKILL":
+        if self.ended_because:
+            text += "\n" + self.ended_because
+        elif self.signal_name == "SIGKILL":
             text += ("\nThe process was killed from outside (SIGKILL cannot be caught): "
                      "by another process, or by the kernel's OOM killer when memory ran out.")
         if self.crash_report:
@@ -236,6 +241,18 @@ class InitializerError(BrokenProcessPool):
         return f"{self.message}\n{self.remote_traceback.rstrip()}"
 
 
+class WorkerStartRefused(BrokenProcessPool):
+    """The system kept refusing to start workers, and no worker was left to run the task.
+
+    Raised by ``future.result()`` of the tasks that were waiting when starts had been
+    refused several times in a row (over about 1.3 s) with no worker running: the process ran out
+    of descriptors (``RLIMIT_NOFILE``), the user of processes (``RLIMIT_NPROC``), or the
+    machine of memory. The message says which, with the limit; ``__cause__`` is the
+    ``OSError``. The pool stays open and keeps trying, less often: tasks submitted later
+    run once a worker starts, or fail the same way at the next refused try.
+    """
+
+
 class PoolInternalError(BrokenProcessPool):
     """The pool's dispatcher thread failed: a bug in the pool, not in your task.
 
@@ -284,9 +301,11 @@ class ResultTransferError(BrokenProcessPool):
 
     Raised by ``future.result()`` of that task only (the stdlib raises
     ``BrokenProcessPool`` here and breaks the pool; this is one). ``__cause__`` is the
-    unpickler's error; ``stage`` is ``"unpickling in the parent"``, ``reason`` says what
-    failed. A value the *worker* cannot pickle raises the pickling error itself, as in the
-    stdlib, with a note naming the value's type. The worker and the pool carry on.
+    unpickler's error; ``stage`` is ``"unpickling in the parent"``, or ``"receiving in the
+    parent"`` when the parent had no memory for the reply (``__cause__``: a
+    ``MemoryError``); ``reason`` says what failed. A value the *worker* cannot pickle
+    raises the pickling error itself, as in the stdlib, with a note naming the value's
+    type. The worker and the pool carry on.
     """
 
     def __init__(self, type_name: str | None, stage: str, reason: str) -> None:

@@ -7,7 +7,8 @@ Runs in: the dispatcher thread (``FrameReader``, writes), its large-frame writer
 (``write_all``) and the worker (``FrameStream``, ``write_frame``).
 Guarantees: the parent never blocks reading a worker (``FrameReader`` only reads what is
 there); bytes that are not a frame are reported as an error, never trusted, and a length
-header is never believed beyond the machine's memory.
+header is never believed beyond the machine's memory; a reply that this process has no
+memory for is read to its end and thrown away (``Unreceivable``), failing its task alone.
 Assumes: each pipe has one writer (the worker or the dispatcher), so frames never interleave.
 
 A frame is a fixed header -- magic, kind, task id, body length -- and then the body::
@@ -55,6 +56,13 @@ _KIND_OF = {kind.value: kind for kind in Kind}
 
 class MalformedFrame(Exception):
     """A frame's header was valid but its body is not what its kind promises."""
+
+
+class Unreceivable(NamedTuple):
+    """The body of a reply the parent had no memory for: read to its end and thrown away
+    (the worker did nothing wrong, and goes on), so its task fails, alone."""
+    length: int
+    why: str
 
 
 class Frame(NamedTuple):
@@ -238,6 +246,8 @@ class FrameReader:
         self._buffer = bytearray()
         self._large: tuple[int, int, mmap.mmap] | None = None  # kind, task_id, body
         self._large_filled = 0
+        # A reply being thrown away (``Unreceivable``): kind, task_id, bytes left, why.
+        self._discarding: tuple[int, int, int, Unreceivable] | None = None
 
     def read_available(self) -> list[Frame]:
         frames: list[Frame] = []
@@ -245,6 +255,9 @@ class FrameReader:
             try:
                 if self._large is not None:
                     self._read_large(frames)
+                    continue
+                if self._discarding is not None:
+                    self._discard(frames)
                     continue
                 chunk = os.read(self.fd, _READ_CHUNK)
             except BlockingIOError:
@@ -254,9 +267,22 @@ class FrameReader:
                 break
             self._buffer += chunk
             self._parse(frames)
-            if len(chunk) < _READ_CHUNK and self._large is None:
+            if len(chunk) < _READ_CHUNK and self._large is None and self._discarding is None:
                 break  # the pipe is empty for now: the next wait() says when it is not
         return frames
+
+    def _discard(self, frames: list[Frame]) -> None:
+        assert self._discarding is not None
+        kind, task_id, left, body = self._discarding
+        count = len(os.read(self.fd, min(left, _READ_CHUNK)))
+        if count == 0:
+            self.eof = True
+            return
+        if count < left:
+            self._discarding = (kind, task_id, left - count, body)
+        else:
+            self._discarding = None
+            frames.append(Frame(_KIND_OF[kind], task_id, body))
 
     def _read_large(self, frames: list[Frame]) -> None:
         assert self._large is not None
@@ -287,9 +313,18 @@ class FrameReader:
                     # Anonymous memory: the kernel zeroes each page as the pipe fills it,
                     # where bytearray(length) would first write every byte itself.
                     body = mmap.mmap(-1, length)
-                except (MemoryError, OSError):
-                    self.error = f"a frame of {length} bytes, more than memory can hold"
-                    return
+                except (MemoryError, OSError) as exc:
+                    if length > _PHYSICAL_MEMORY or kind not in _OUTCOMES:
+                        self.error = f"a frame of {length} bytes, more than memory can hold"
+                        return
+                    # A reply the machine could hold, but this process has no memory for
+                    # now (a memory limit, or the machine is full).
+                    have = len(buf) - body_start
+                    self._discarding = (kind, task_id, length - have, Unreceivable(
+                        length, f"no memory for a reply of {length} bytes "
+                                f"({type(exc).__name__}: {exc})"))
+                    start = len(buf)
+                    break
                 have = len(buf) - body_start
                 body[:have] = buf[body_start:]
                 self._large, self._large_filled = (kind, task_id, body), have
@@ -304,6 +339,7 @@ class FrameReader:
 
 
 _KINDS_FROM_WORKER = frozenset(k.value for k in Kind if k is not Kind.CALL)
+_OUTCOMES = frozenset({Kind.RESULT.value, Kind.RAISED.value})
 
 
 def _physical_memory() -> int:

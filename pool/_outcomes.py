@@ -1,7 +1,8 @@
 """How a task's future ends, and the errors the pool builds for it.
 
 Owns: the functions that resolve futures and build ``WorkerDied``, ``TaskTimeout``,
-``WorkerTerminated`` and ``InitializerError``, and the record of why workers failed to start.
+``WorkerTerminated``, ``InitializerError`` and ``WorkerStartRefused``, and the record of why
+workers failed to start.
 Runs in: the dispatcher thread (and callers' threads for ``fresh``).
 Guarantees: resolving never raises (a future the caller cancelled meanwhile is left as it
 is); no user code runs here: messages that show user objects are built lazily by the
@@ -10,13 +11,14 @@ exceptions themselves.
 
 from __future__ import annotations
 
+import errno
 import logging
 import traceback
 from typing import Any
 
 from . import _actions
-from ._errors import (InitializerError, TaskInfo, TaskTimeout, WorkerDied, WorkerTerminated,
-                      describe_exit)
+from ._errors import (InitializerError, TaskInfo, TaskTimeout, WorkerDied, WorkerStartRefused,
+                      WorkerTerminated, describe_exit)
 from ._futures import PoolFuture
 from ._worker_handle import Exit
 
@@ -56,6 +58,22 @@ class StartFailures:
         self._cause = exc
         logger.warning("%s: %s", self._pool_name, self._last)
 
+    def refused(self, exc: BaseException, in_a_row: int) -> None:
+        """The system refused to start a worker (``is_refusal``), for the ``in_a_row``-th
+        round of starts in a row. Logged once a streak, not at every try."""
+        self._last = f"the system refused to start a worker: {format_error(exc)}{_limit_hint(exc)}"
+        self._cause = exc
+        if in_a_row == 1:
+            logger.warning("%s: %s; trying again, less and less often", self._pool_name,
+                           self._last)
+
+    def refused_error(self, in_a_row: int) -> WorkerStartRefused:
+        error = WorkerStartRefused(
+            f"no worker could run this task: {self._last} ({in_a_row} tries in a row). "
+            f"The pool keeps trying; tasks submitted later run once a worker starts.")
+        error.__cause__ = self._cause
+        return error
+
     def error(self, limit: int) -> InitializerError:
         error = InitializerError(
             f"workers failed to start {limit} times in a row; the pool stopped starting "
@@ -82,7 +100,8 @@ def failure(action: _actions.FailDied | _actions.FailTimedOut | _actions.FailTer
         return TaskTimeout(action.timeout, exited.pid, info, exited.crash_report)
     if isinstance(action, _actions.FailTerminated):
         return WorkerTerminated(exited.pid, exited.exitcode, info)
-    return WorkerDied(exited.pid, exited.exitcode, info, exited.crash_report)
+    return WorkerDied(exited.pid, exited.exitcode, info, exited.crash_report,
+                      exited.ended_because)
 
 
 def fresh(error: BaseException) -> BaseException:
@@ -92,6 +111,42 @@ def fresh(error: BaseException) -> BaseException:
     copy.args = error.args
     copy.__cause__ = error.__cause__
     return copy
+
+
+# What the system says when it is out of a resource: descriptors (per process, system-wide),
+# processes (fork's EAGAIN under RLIMIT_NPROC), memory, buffer space.
+_OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.EAGAIN, errno.ENOMEM,
+                               errno.ENOBUFS, errno.ENOSPC})
+
+
+def is_refusal(exc: BaseException) -> bool:
+    """Starting a worker failed for want of a resource, not because of anything the worker
+    does: worth trying again later. (A forkserver that could not fork, or lost a request
+    to a refused descriptor, exits; the next start's connection to it fails, and starts a
+    new one once the old one is reaped.)"""
+    if isinstance(exc, (MemoryError, ConnectionError, EOFError)):
+        return True
+    return isinstance(exc, OSError) and exc.errno in _OUT_OF_RESOURCES
+
+
+def _limit_hint(exc: BaseException) -> str:
+    """The limit behind a refusal, as the user would look it up."""
+    if not isinstance(exc, OSError):
+        return ""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return ""
+    if exc.errno == errno.EMFILE:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return f" (the descriptor limit, RLIMIT_NOFILE, is {soft} per process)"
+    if exc.errno == errno.EAGAIN and hasattr(resource, "RLIMIT_NPROC"):
+        soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+        shown = "unlimited" if soft == resource.RLIM_INFINITY else str(soft)
+        return f" (the process limit, RLIMIT_NPROC, is {shown} processes for this user)"
+    if exc.errno == errno.ENFILE:
+        return " (the system's table of open files is full)"
+    return ""
 
 
 def format_error(exc: BaseException) -> str:

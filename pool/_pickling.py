@@ -20,7 +20,7 @@ import traceback
 import types
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from ._frames import BodyReader, Buffers, Frame, Kind, MalformedFrame
+from ._frames import BodyReader, Buffers, Frame, Kind, MalformedFrame, Unreceivable
 
 if TYPE_CHECKING:
     from ._errors import ArgumentPicklingError
@@ -196,10 +196,19 @@ def _name_unpicklable_argument(fn: Callable[..., Any], args: tuple[Any, ...],
         except BaseException as exc:
             return argument_pickling_error(
                 f"cannot pickle {label} of {callable_name(fn)}() "
-                f"(a {type(value).__qualname__}): {type(exc).__name__}: {exc}", exc)
+                f"(a {type(value).__qualname__}): {_said(exc)}", exc)
     return argument_pickling_error(
-        f"cannot pickle the arguments of {callable_name(fn)}(): {type(error).__name__}: "
-        f"{error}", error)
+        f"cannot pickle the arguments of {callable_name(fn)}(): {_said(error)}", error)
+
+
+def _said(exc: BaseException) -> str:
+    """``TypeError: cannot pickle ...``; an error without a message by its name alone (a
+    ``MemoryError`` usually has none)."""
+    text = str(exc)
+    name = type(exc).__name__
+    if isinstance(exc, MemoryError):
+        name += " (out of memory)"
+    return f"{name}: {text}" if text else name
 
 
 def encode_call(fn_blob: bytes, args: Buffers) -> Buffers:
@@ -425,6 +434,11 @@ def decode_outcome(frame: Frame) -> tuple[bool, Any]:
     A payload that fails to unpickle is that task's error; a body that is not the pool's
     own envelope raises MalformedFrame (the worker is not speaking the protocol).
     """
+    if isinstance(frame.body, Unreceivable):  # (the parent had no memory for it)
+        from ._errors import ResultTransferError
+        error = ResultTransferError(None, "receiving in the parent", frame.body.why)
+        error.__cause__ = MemoryError(frame.body.why)
+        return False, error
     if frame.kind is Kind.RESULT:
         try:
             return True, pickle.loads(frame.body)

@@ -44,13 +44,15 @@ from collections import deque
 from typing import Callable
 
 from ._actions import (Action, AskToExit, Broken, Cancel, Departure, DumpStack, FailBroken,
-                       FailDied, FailMisbehaved, FailTerminated, FailTimedOut, Misbehaved,
+                       FailDied, FailMisbehaved, FailRefused, FailTerminated, FailTimedOut,
+                       Misbehaved,
                        Reclaim, Resolve, Send, Signal, Spawn, Stopped, Unreaped, WorkerGone)
 from ._records import (LIFE_TRANSITIONS, SLOT_TRANSITIONS, TASK_TRANSITIONS, Ending,
                        Escalation, InvalidTransition, PoolLife, Slot, SlotState, Task,
                        TaskQueue, TaskState, Timeouts)
 
-__all__ = ["StateMachine", "MAX_START_FAILURES", "RECLAIM_AFTER_SECONDS", "SHORT_TASK_SECONDS"]
+__all__ = ["StateMachine", "MAX_START_FAILURES", "MAX_REFUSED_STARTS", "RECLAIM_AFTER_SECONDS",
+           "SHORT_TASK_SECONDS", "START_RETRY_FIRST_SECONDS", "START_RETRY_MAX_SECONDS"]
 
 # Small tasks are queued behind the running one on a worker (so that it never waits for the
 # round trip) only while that worker's last task ran shorter than this.
@@ -63,6 +65,16 @@ RECLAIM_AFTER_SECONDS = 0.005
 # A worker that dies before READY this many times in a row, with no task completed in
 # between, means the initializer (or the worker's start-up) is broken: stop respawning.
 MAX_START_FAILURES = 3
+
+# A start the system refuses (no descriptor, process or memory to spare) says nothing about
+# the workers: it is retried, the first time after START_RETRY_FIRST_SECONDS, then after
+# twice as long each time, up to START_RETRY_MAX_SECONDS between tries, for as long as the
+# pool is open. Once MAX_REFUSED_STARTS starts in a row were refused (about 1.3 s) and no
+# worker is left to run what is queued, the queued tasks fail (``FailRefused``) rather than
+# wait for a resource that may not come back; tasks submitted later wait for the next try.
+START_RETRY_FIRST_SECONDS = 0.01
+START_RETRY_MAX_SECONDS = 2.0
+MAX_REFUSED_STARTS = 8
 
 _ENDS = (TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED)
 # Slots whose running task's clock runs (a slot being ended has its own deadlines).
@@ -88,6 +100,8 @@ class StateMachine:
         self.slots = [Slot(i) for i in range(max_workers)]
         self.life = PoolLife.OPEN
         self.start_failures = 0
+        self.refused_starts = 0  # starts refused in a row (reset by a worker that is READY)
+        self._start_retry_at: float | None = None  # no start before then (after a refusal)
         self._tasks: dict[int, Task] = {}
         self._queue = TaskQueue(self._tasks)
         self._max_tasks = max_tasks_per_child
@@ -137,8 +151,9 @@ class StateMachine:
 
     def next_deadline(self) -> float | None:
         """The earliest time ``tick`` has something to do: an escalation step, a task
-        timeout, or taking back the tasks behind a long one. (One pass: runs every turn.)"""
-        deadlines = []
+        timeout, taking back the tasks behind a long one, or trying a refused start again.
+        (One pass: runs every turn.)"""
+        deadlines = [] if self._start_retry_at is None else [self._start_retry_at]
         for slot in self.slots:
             if slot.deadline is not None:
                 deadlines.append(slot.deadline)
@@ -235,6 +250,7 @@ class StateMachine:
             return self.worker_misbehaved(index, "a READY frame from a worker already ready")
         slot.pipelining = pipelining
         self._move_slot(slot, SlotState.READY)
+        self.refused_starts = 0  # the system has room again
         return self._schedule()
 
     def worker_init_failed(self, index: int) -> list[Action]:
@@ -342,8 +358,41 @@ class StateMachine:
         return actions + self._kill(slot) + self._schedule()
 
     def spawn_failed(self, index: int) -> list[Action]:
-        """Starting the process raised in the parent: counts as a failed start."""
+        """Starting the process raised in the parent: counts as a failed start.
+
+        This and ``spawn_refused`` may come for a slot already asked to stop (STOPPING):
+        the actions of one event can start several slots, and the failure of the first can
+        wind the pool down and ask the others to stop before their starts are tried. An
+        ``AskToExit``, ``Signal`` or ``DumpStack`` for a slot whose start then fails names
+        no process; the loop skips it."""
         return self._emptied(self.slots[index], 0, None)
+
+    def spawn_refused(self, index: int) -> list[Action]:
+        """The system refused to start the slot's process for want of a resource
+        (descriptors, processes, memory). Not a failed start (the pool does not break): no
+        process is started before a delay that doubles with each round of starts refused in
+        a row. Once
+        ``MAX_REFUSED_STARTS`` were refused and no worker is left to take what is queued,
+        the queued tasks fail with ``FailRefused``."""
+        slot = self.slots[index]
+        self._move_slot(slot, SlotState.EMPTY)  # (refilled like any empty slot, when tried)
+        if self._start_retry_at is None:  # the first refusal of this round of starts
+            self.refused_starts += 1
+            delay = min(START_RETRY_FIRST_SECONDS * 2 ** (self.refused_starts - 1),
+                        START_RETRY_MAX_SECONDS)
+            self._start_retry_at = self._clock() + delay
+        actions: list[Action] = []
+        if self.refused_starts >= MAX_REFUSED_STARTS and not self._could_take_queued():
+            while self._queue:
+                task_id = self._queue.popleft()
+                self._move_task(self._tasks[task_id], TaskState.FAILED)
+                actions.append(FailRefused(task_id))
+        return actions + self._schedule()
+
+    def _could_take_queued(self) -> bool:
+        """Some worker runs, or is starting, that can take queued tasks."""
+        return any(self._in_state[state] for state in
+                   (SlotState.STARTING, SlotState.READY, SlotState.RETIRING))
 
     def worker_exited(self, index: int, *, unread_bytes: int = 0,
                       exited: object = None) -> list[Action]:
@@ -489,6 +538,9 @@ class StateMachine:
         the tasks queued behind one that has run too long."""
         now = self._clock()
         actions: list[Action] = []
+        if self._start_retry_at is not None and self._start_retry_at <= now:
+            self._start_retry_at = None
+            actions += self._spawn()
         for slot, head, deadline in self._heads_with_followers():
             if deadline <= now:
                 head.kept_alone = True
@@ -652,10 +704,13 @@ class StateMachine:
             return []
         if not (self._in_state[SlotState.EMPTY] or self._in_state[SlotState.UNUSED]):
             return []  # every slot has a process: nothing to start (the common case)
+        if self._start_retry_at is not None:
+            return []  # the system refused the last start: ``tick`` tries again
         actions: list[Action] = []
         capacity = 0  # places where a queued task could start soon
         for slot in self.slots:
-            if slot.state is SlotState.EMPTY and self.life is PoolLife.OPEN and not slot.idled_out:
+            if (slot.state is SlotState.EMPTY and self.life is PoolLife.OPEN
+                    and not slot.idled_out):
                 # Refill: a slot that ran a worker gets a new one, work or not (unless it
                 # was stopped for idling: then only when work needs it, below).
                 self._move_slot(slot, SlotState.STARTING)

@@ -44,7 +44,7 @@ class PoolStats:
     ``running``     a worker is running it
     ``completed``   returned a result
     ``failed``      raised, or failed because of the pool: its worker died, sent garbage,
-                    or no worker could start (``InitializerError``)
+                    or no worker could start (``InitializerError``, ``WorkerStartRefused``)
     ``cancelled``   cancelled before it started (``cancel()``, ``stop()``, shutdown's
                     ``cancel_futures``, a ``map`` left early)
     ``stopped``     stopped while running: ``stop()``, ``terminate_workers()``,
@@ -69,6 +69,7 @@ class PoolStats:
     workers_started: int
     worker_deaths: int
     deaths_by_cause: dict[str, int]     # a copy: the snapshot's own
+    starts_refused: int
     workers: tuple[WorkerStats, ...]
 
     def __repr__(self) -> str:
@@ -81,6 +82,8 @@ class PoolStats:
         if self.worker_deaths:
             causes = ", ".join(f"{cause} x{n}" for cause, n in self.deaths_by_cause.items())
             workers += f", {self.worker_deaths} died: {causes}"
+        if self.starts_refused:
+            workers += f", {self.starts_refused} starts refused"
         return f"<PoolStats {', '.join(counts)}; {workers})>"
 
 
@@ -99,10 +102,10 @@ class Outcome(enum.Enum):
 class Counters:
     """Running totals, changed by the dispatcher thread only (see the module docstring)."""
 
-    __slots__ = ("submitted", "workers_started", "endings", "deaths")
+    __slots__ = ("submitted", "workers_started", "starts_refused", "endings", "deaths")
 
     def __init__(self) -> None:
-        self.submitted = self.workers_started = 0
+        self.submitted = self.workers_started = self.starts_refused = 0
         self.endings = dict.fromkeys(Outcome, 0)
         self.deaths: collections.Counter[str] = collections.Counter()
 
@@ -121,7 +124,7 @@ class Counters:
             cancelled=endings[Outcome.CANCELLED], stopped=endings[Outcome.STOPPED],
             timed_out=endings[Outcome.TIMED_OUT], workers_started=self.workers_started,
             worker_deaths=sum(self.deaths.values()), deaths_by_cause=dict(self.deaths),
-            workers=workers)
+            starts_refused=self.starts_refused, workers=workers)
 
 
 def death_cause(exitcode: int | None) -> str:

@@ -31,6 +31,18 @@ def signal_worker(pid: int, signum: int) -> None:
             pass  # a setuid program in the group; the worker itself is still signalled
 
 
+def still_running(pid: int) -> bool:
+    """The process exists and is not a zombie (Linux, from /proc; False where there is no
+    /proc: unknown). Asked once a worker's sentinel has fired: a worker still running then
+    has lost what reports its exit (the forkserver that started it has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:].split()[0] != b"Z"
+
+
 def live_group_members(pgid: int) -> list[int]:
     """Processes still running in process group ``pgid`` (zombies do not count).
 
@@ -62,8 +74,10 @@ def live_group_members(pgid: int) -> list[int]:
     return members
 
 
-def read_crash_report(fd: int) -> str | None:
+def read_crash_report(fd: int | None) -> str | None:
     """What the worker's faulthandler wrote into its crash-report file, if anything."""
+    if fd is None:
+        return None
     try:
         data = os.pread(fd, _CRASH_REPORT_LIMIT + 1, 0)
     except OSError:
@@ -101,11 +115,32 @@ def _without_pool_frames(block: str) -> str:
 _WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
 
 
-def make_crash_file() -> int:
-    """An anonymous file (already unlinked): nothing is left on disk however we die."""
-    fd, path = tempfile.mkstemp(prefix="pool-crash-")
+def make_crash_file() -> tuple[int | None, str]:
+    """An anonymous file for a worker's crash report, private to the pool's processes:
+    nothing is left on disk however we die. A ``memfd`` where the system has them (no
+    directory is involved, so a full or read-only temp directory does not matter), else a
+    temp file, unlinked at once (mode 0600).
+
+    Returns ``(fd, "")``, or ``(None, why)`` when no file can be made: the worker then runs
+    without one, and its death is explained without its stack. Running out of descriptors
+    raises instead: then no worker can start at all (the dispatcher retries later)."""
+    memfd_create = getattr(os, "memfd_create", None)
+    if memfd_create is not None:
+        try:
+            return memfd_create("pool-crash-report"), ""
+        except OSError as exc:
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                raise
+            # (ENOSYS on an old kernel, EPERM under a seccomp filter: a temp file instead)
+    try:
+        fd, path = tempfile.mkstemp(prefix="pool-crash-")
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            raise
+        return None, (f"the pool could not create a file for it in {tempfile.gettempdir()} "
+                      f"({type(exc).__name__}: {exc})")
     os.unlink(path)
-    return fd
+    return fd, ""
 
 
 def close_fds(*fds: int | None) -> None:

@@ -179,7 +179,7 @@ class WorkerSetup:
     """Everything a worker needs, built by the dispatcher and passed as the Process arg."""
 
     def __init__(self, *, task_fd: InheritedFd, reply_fd: InheritedFd, lifeline_fd: InheritedFd,
-                 crash_fd: InheritedFd, initializer: Initializer | None,
+                 crash_fd: InheritedFd | None, initializer: Initializer | None,
                  max_tasks: int | None, max_memory: int | None,
                  fds_to_close: tuple[int, ...], forked: bool = False) -> None:
         self.task_fd = task_fd
@@ -210,11 +210,13 @@ def worker_main(setup: WorkerSetup) -> None:
     # Ctrl-C in a terminal reaches the whole foreground group; the parent decides what a
     # KeyboardInterrupt means, so workers neither die of it nor print a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    faulthandler.enable(file=setup.crash_fd.fd, all_threads=True)
-    # Dump every thread's stack, then chain to the default action (termination): the
-    # parent sees the exit only once the stack is written.
-    signal.signal(DUMP_SIGNAL, signal.SIG_DFL)
-    faulthandler.register(DUMP_SIGNAL, file=setup.crash_fd.fd, all_threads=True, chain=True)
+    signal.signal(DUMP_SIGNAL, signal.SIG_DFL)  # (its default action ends the process)
+    if setup.crash_fd is not None:  # (None: the parent could not make one; no stacks then)
+        faulthandler.enable(file=setup.crash_fd.fd, all_threads=True)
+        # Dump every thread's stack, then chain to the default action (termination): the
+        # parent sees the exit only once the stack is written.
+        faulthandler.register(DUMP_SIGNAL, file=setup.crash_fd.fd, all_threads=True,
+                              chain=True)
     threading.Thread(target=_watch_parent, name="pool-worker-watchdog", daemon=True,
                      args=(setup.lifeline_fd.fd,)).start()
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import traceback
 from typing import Any, Callable, NamedTuple
 
 from . import _frames, _limits, _pipes, _teardown
@@ -48,6 +49,7 @@ class Exit(NamedTuple):
     unread_task_bytes: int        # written to its task pipe, never read by it
     group_left: tuple[int, ...] = ()  # processes of its group still running after its reap
     start_error: BaseException | None = None  # what its initializer raised, if it said
+    ended_because: str = ""  # why the pool killed a worker whose exit it did not see
 
 
 class _FrameWriter:
@@ -103,9 +105,60 @@ class _FrameWriter:
         return self.done
 
 
+# How many new descriptors starting a worker holds at once in the parent, at most: its
+# pipes and crash file (6), and what multiprocessing opens to start it (under forkserver a
+# socket and two pipes; under spawn, fork_exec's pipes). They are taken and given back
+# before the start, so that a start that would run out fails before it begins: a
+# forkserver sent half a request (the parent ran out in the middle) exits on Python
+# 3.11-3.13, and every worker it started loses the exit status the pool watches.
+_START_DESCRIPTORS = 12
+
+
+def _check_descriptors_to_start() -> None:
+    """Raise ``OSError(EMFILE)`` unless ``_START_DESCRIPTORS`` more can be opened now."""
+    taken: list[int] = []
+    try:
+        for _ in range(_START_DESCRIPTORS):
+            taken.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
+    except OSError as exc:  # (said without the file name, which is only our probe's)
+        raise OSError(exc.errno, os.strerror(exc.errno or 0)) from None
+    finally:
+        _teardown.close_fds(*taken)
+
+
+# The pipes multiprocessing's fork Popen opens before it forks, by the names its
+# ``_launch`` gives them (3.11-3.14). When fork() fails (EAGAIN: out of processes) it
+# leaves them open, four descriptors per refused start; ``_release_failed_start`` closes
+# them. (Should the names change, they are left as they were.)
+_FORK_LAUNCH_PIPES = ("parent_r", "child_w", "child_r", "parent_w")
+
+
+def _release_failed_start(exc: BaseException) -> None:
+    """Give back what a ``Process.start()`` that raised still holds.
+
+    Under fork: the pipes its ``_launch`` opened (found in that frame, so only those).
+    Under every method: the traceback, which keeps the half-made Popen alive, and with it
+    the descriptors its finalizer closes (spawn's pipes); the exception itself is kept,
+    for the error that may name it later."""
+    traceback_ = exc.__traceback__
+    while traceback_ is not None:
+        frame = traceback_.tb_frame
+        if (frame.f_code.co_name == "_launch"
+                and frame.f_code.co_filename.endswith("popen_fork.py")
+                and getattr(frame.f_locals.get("self"), "pid", None) is None):
+            # (fork() itself raised: nothing of these was closed, or handed to anyone)
+            _teardown.close_fds(*(fd for name in _FORK_LAUNCH_PIPES
+                                  if isinstance(fd := frame.f_locals.get(name), int)))
+        traceback_ = traceback_.tb_next
+    if exc.__traceback__ is not None:
+        traceback.clear_frames(exc.__traceback__)
+    exc.__traceback__ = None
+
+
 class WorkerHandle:
-    def __init__(self, process: Any, task_fd: int, reply_fd: int, crash_fd: int,
-                 reclaim_fd: int | None, on_write_done: Callable[[], None]) -> None:
+    def __init__(self, process: Any, task_fd: int, reply_fd: int, crash_fd: int | None,
+                 reclaim_fd: int | None, on_write_done: Callable[[], None],
+                 no_crash_file: str = "") -> None:
         self.process = process
         self.pid: int = process.pid
         self.sentinel: int = process.sentinel
@@ -116,6 +169,7 @@ class WorkerHandle:
         self.reclaim_fd = reclaim_fd
         self.reader = FrameReader(reply_fd)
         self.crash_fd = crash_fd
+        self._no_crash_file = no_crash_file  # why there is no crash_fd, if there is none
         self.start_error: BaseException | None = None  # from an INIT_FAILED frame
         self.tasks_run = 0  # replies received: tasks it finished (for stats)
         self.outbox: list[tuple[int, _frames.Buffers]] = []  # CALL frames queued this turn
@@ -136,36 +190,46 @@ class WorkerHandle:
               on_write_done: Callable[[], None]) -> WorkerHandle:
         """Start a worker process. ``inherited_fds`` is None unless the context forks.
         ``on_write_done`` is called (from another thread) when a large frame is written."""
-        task_r, task_w = os.pipe()
-        reclaim_fd = None
-        if (_pipes.pipe_capacity(task_w) or 0) >= _limits.PACKET_PIPE_BYTES:
-            reclaim_fd = _pipes.second_reader(task_r)
-            if reclaim_fd is not None and not _pipes.set_packet_mode(task_w, True):
-                _teardown.close_fds(reclaim_fd)
-                reclaim_fd = None
-        reply_r, reply_w = os.pipe()
-        crash_fd = _teardown.make_crash_file()
-        to_close = () if inherited_fds is None else (
-            task_w, reply_r, *([] if reclaim_fd is None else [reclaim_fd]), *inherited_fds)
-        setup = WorkerSetup(task_fd=InheritedFd(task_r), reply_fd=InheritedFd(reply_w),
-                            lifeline_fd=InheritedFd(lifeline_fd), crash_fd=InheritedFd(crash_fd),
-                            initializer=initializer, max_tasks=max_tasks,
-                            max_memory=max_memory, fds_to_close=to_close,
-                            forked=inherited_fds is not None)
-        process = ctx.Process(target=worker_main, args=(setup,), name=name)
+        opened: list[int] = []  # closed again if the start fails midway (EMFILE, EAGAIN)
         try:
+            _check_descriptors_to_start()
+            task_r, task_w = os.pipe()
+            opened += (task_r, task_w)
+            reclaim_fd = None
+            if (_pipes.pipe_capacity(task_w) or 0) >= _limits.PACKET_PIPE_BYTES:
+                reclaim_fd = _pipes.second_reader(task_r)
+                if reclaim_fd is not None and not _pipes.set_packet_mode(task_w, True):
+                    _teardown.close_fds(reclaim_fd)
+                    reclaim_fd = None
+                if reclaim_fd is not None:
+                    opened.append(reclaim_fd)
+            reply_r, reply_w = os.pipe()
+            opened += (reply_r, reply_w)
+            crash_fd, no_crash_file = _teardown.make_crash_file()
+            if crash_fd is not None:
+                opened.append(crash_fd)
+            to_close = () if inherited_fds is None else (
+                task_w, reply_r, *([] if reclaim_fd is None else [reclaim_fd]), *inherited_fds)
+            setup = WorkerSetup(task_fd=InheritedFd(task_r), reply_fd=InheritedFd(reply_w),
+                                lifeline_fd=InheritedFd(lifeline_fd),
+                                crash_fd=None if crash_fd is None else InheritedFd(crash_fd),
+                                initializer=initializer,
+                                max_tasks=max_tasks, max_memory=max_memory,
+                                fds_to_close=to_close, forked=inherited_fds is not None)
+            process = ctx.Process(target=worker_main, args=(setup,), name=name)
             process.start()
-        except BaseException:
-            _teardown.close_fds(task_w, reply_r, crash_fd,
-                                *([] if reclaim_fd is None else [reclaim_fd]))
+        except BaseException as exc:
+            _teardown.close_fds(*opened)
+            _release_failed_start(exc)
             raise
-        finally:
-            _teardown.close_fds(task_r, reply_w)  # the child's ends (it has its own copies)
+        _teardown.close_fds(task_r, reply_w)  # the child's ends (it has its own copies)
         os.set_blocking(reply_r, False)
-        return cls(process, task_w, reply_r, crash_fd, reclaim_fd, on_write_done)
+        return cls(process, task_w, reply_r, crash_fd, reclaim_fd, on_write_done, no_crash_file)
 
     def parent_fds(self) -> list[int]:
-        fds = [self.reader.fd, self.crash_fd, self.sentinel]
+        fds = [self.reader.fd, self.sentinel]
+        if self.crash_fd is not None:
+            fds.append(self.crash_fd)
         return fds + self.task_pipe_fds()
 
     def task_pipe_fds(self) -> list[int]:
@@ -256,11 +320,22 @@ class WorkerHandle:
         except ProcessLookupError:
             pass  # already gone: its sentinel will say so
 
-    def finish(self, reap_timeout: float = _REAP_SECONDS) -> Exit:
-        """After its sentinel fired (or after a SIGKILL): end its group, reap, release."""
+    def finish(self, reap_timeout: float = _REAP_SECONDS, *, sentinel_fired: bool = True
+               ) -> Exit:
+        """After its sentinel fired (or, ``sentinel_fired=False``, to end it at once): end
+        its group, reap, release."""
+        # Under forkserver the sentinel is a pipe from the forkserver, which writes the
+        # exit status into it. If the forkserver exits first (on Python 3.11-3.13, when
+        # the system refuses it a fork), the pipe closes while the worker still runs.
+        status_lost = sentinel_fired and _teardown.still_running(self.pid)
         self.signal(signal.SIGKILL)
         exitcode = _teardown.reap(self.process, timeout=reap_timeout)
         left = tuple(_teardown.live_group_members(self.pid)) if exitcode is not None else ()
+        if status_lost:
+            return self._release(-signal.SIGKILL, left, ended_because=(
+                "The worker was still running when what reports its exit closed: the "
+                "forkserver that started it had exited (it exits when the system refuses "
+                "it a process). The pool could no longer watch the worker, so it killed it."))
         return self._release(exitcode, left)
 
     def abandon(self) -> Exit:
@@ -277,7 +352,8 @@ class WorkerHandle:
         self.process = None
         return False
 
-    def _release(self, exitcode: int | None, group_left: tuple[int, ...]) -> Exit:
+    def _release(self, exitcode: int | None, group_left: tuple[int, ...],
+                 ended_because: str = "") -> Exit:
         unread = _pipes.unread_bytes(self.task_fd) if self.task_fd is not None else 0
         if self.writer is not None:
             # With our read end closed too, no reader is left: the thread sees EPIPE.
@@ -289,7 +365,9 @@ class WorkerHandle:
         # Frames still queued were never written: as good as unread (they come last).
         unread += self._outbox_bytes
         self.outbox, self._outbox_bytes = [], 0
-        crash_report = _teardown.read_crash_report(self.crash_fd)
+        crash_report = (_teardown.read_crash_report(self.crash_fd) if self.crash_fd is not None
+                        else f"none: {self._no_crash_file}")
         self.close_task_pipe()
         _teardown.close_fds(self.reader.fd, self.crash_fd)
-        return Exit(self.pid, exitcode, crash_report, unread, group_left, self.start_error)
+        return Exit(self.pid, exitcode, crash_report, unread, group_left, self.start_error,
+                    ended_because)

@@ -12,7 +12,7 @@ from helpers import REPO_DIR
 PUBLIC = ["ProcessPool", "ProcessPoolExecutor", "PoolFuture", "PoolStats", "WorkerStats",
           "as_completed", "as_completed_async", "to_process", "shared", "Lease",
           "SharedPoolConflict", "WorkerDied", "TaskTimeout",
-          "WorkerTerminated", "InitializerError",
+          "WorkerTerminated", "InitializerError", "WorkerStartRefused",
           "PoolInternalError", "WorkerProtocolError", "RemoteTaskError", "ResultTransferError",
           "ArgumentPicklingError", "ArgumentUnpicklingError", "TaskInfo", "__version__"]
 
@@ -115,7 +115,8 @@ def test_repr_shows_workers_queued_and_sent_tasks(tmp_path):
 
 
 def test_pool_errors_are_caught_by_stdlib_handlers():
-    for error in (pool.WorkerDied, pool.InitializerError, pool.PoolInternalError,
+    for error in (pool.WorkerDied, pool.InitializerError, pool.WorkerStartRefused,
+                  pool.PoolInternalError,
                   pool.WorkerProtocolError, pool.WorkerTerminated, pool.ResultTransferError,
                   pool.RemoteTaskError, pool.ArgumentUnpicklingError):
         assert issubclass(error, BrokenProcessPool)
@@ -127,6 +128,7 @@ def test_errors_pickle_with_their_message():
     info = pool.TaskInfo(7, len, ([1, 2, 3],), {"key": "v" * 200})
     errors = [pool.WorkerDied(123, -11, info, "Fatal Python error: Segmentation fault"),
               pool.InitializerError("failed", "Traceback ..."),
+              pool.WorkerStartRefused("no worker could run this task: ..."),
               pool.RemoteTaskError("mod.E", "msg", "Traceback ...", "why"),
               pool.ResultTransferError("Thing", "unpickling in the parent", "TypeError: x"),
               pool.ArgumentUnpicklingError("the worker could not unpickle ..."),

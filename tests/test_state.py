@@ -8,11 +8,13 @@ from collections import deque
 import pytest
 
 from pool._actions import (AskToExit, Broken, Cancel, Departure, DumpStack, FailBroken,
-                           FailDied, FailMisbehaved, FailTerminated, FailTimedOut, Misbehaved,
+                           FailDied, FailMisbehaved, FailRefused, FailTerminated, FailTimedOut,
+                           Misbehaved,
                            Reclaim, Resolve, Send, Signal, Spawn, Stopped, Unreaped, WorkerGone)
 from pool._records import (Ending, Escalation, InvalidTransition, PoolLife, SlotState, TaskState,
                            Timeouts)
-from pool._state import MAX_START_FAILURES, RECLAIM_AFTER_SECONDS, StateMachine
+from pool._state import (MAX_REFUSED_STARTS, MAX_START_FAILURES, RECLAIM_AFTER_SECONDS,
+                         START_RETRY_FIRST_SECONDS, START_RETRY_MAX_SECONDS, StateMachine)
 
 
 class FakeClock:
@@ -778,3 +780,107 @@ def test_a_running_task_stopped_before_its_worker_read_it_ends_stopped_not_reque
     assert m.stop_task(1) == [Signal(0, signal.SIGKILL)]
     assert exited(m, 0, unread_bytes=LARGE) == [Stopped(1), Spawn(0)]
     assert m.task_state(1) is None and m.queued == []
+
+
+# -- starts the system refuses (out of descriptors, processes, memory) ----------------------
+
+def test_a_refused_start_is_tried_again_after_a_delay_that_doubles():
+    m, clock = machine(1)
+    assert m.submit(1, frame_bytes=LARGE) == [Spawn(0)]
+    delays = []
+    for _ in range(5):
+        assert m.spawn_refused(0) == []  # no spin: nothing starts at once
+        assert m.slots[0].state is SlotState.EMPTY and m.queued == [1]
+        delays.append(m.next_deadline() - clock.now)
+        assert m.tick() == []  # not yet
+        clock.now = m.next_deadline()
+        assert m.tick() == [Spawn(0)]
+    assert delays == pytest.approx([START_RETRY_FIRST_SECONDS * 2 ** i for i in range(5)])
+    assert m.life is PoolLife.OPEN  # a refusal is not a failed start: the pool never breaks
+    assert start(m, 0) == [Send(0, 1)]
+    assert m.refused_starts == 0  # a worker that starts ends the streak
+
+
+def test_the_delay_between_tries_is_bounded():
+    m, clock = machine(1)
+    delays = []
+    for task_id in range(20):
+        m.submit(task_id, frame_bytes=LARGE)  # (the queue fails after a while: refill it)
+        if m.slots[0].state is not SlotState.STARTING:
+            clock.now = m.next_deadline()
+            assert m.tick() == [Spawn(0)]
+        m.spawn_refused(0)
+        delays.append(m.next_deadline() - clock.now)
+    assert max(delays) == delays[-1] == pytest.approx(START_RETRY_MAX_SECONDS)
+
+
+def test_refused_starts_fail_what_is_queued_only_once_no_worker_can_take_it():
+    m, clock = machine(1)
+    for task_id in (1, 2):
+        m.submit(task_id, frame_bytes=LARGE)
+    for attempt in range(1, MAX_REFUSED_STARTS):
+        assert m.spawn_refused(0) == []
+        clock.now = m.next_deadline()
+        assert m.tick() == [Spawn(0)]
+    assert m.spawn_refused(0) == [FailRefused(1), FailRefused(2)]
+    assert m.life is PoolLife.OPEN
+    # A task submitted later waits for the next try, and fails if that one is refused too...
+    assert m.submit(3, frame_bytes=LARGE) == []
+    clock.now = m.next_deadline()
+    assert m.tick() == [Spawn(0)]
+    assert m.spawn_refused(0) == [FailRefused(3)]
+    # ... or runs once a worker starts.
+    m.submit(4, frame_bytes=LARGE)
+    clock.now = m.next_deadline()
+    assert m.tick() == [Spawn(0)]
+    assert start(m, 0) == [Send(0, 4)]
+
+
+def test_while_a_worker_runs_refused_starts_never_fail_a_task():
+    m, clock = machine(2)
+    m.submit(1, frame_bytes=LARGE)
+    start(m, 0)
+    assert m.submit(2, frame_bytes=LARGE) == [Spawn(1)]
+    for _ in range(2 * MAX_REFUSED_STARTS):
+        assert m.spawn_refused(1) == []
+        clock.now = m.next_deadline()
+        assert m.tick() == [Spawn(1)]
+    assert m.task_replied(0, 1) == [Resolve(1), Send(0, 2)]  # the running worker takes it
+
+
+def test_starts_refused_in_one_round_count_as_one_refusal():
+    m, clock = machine(3)
+    spawns = [m.submit(i, frame_bytes=LARGE) for i in (1, 2, 3)]
+    assert spawns == [[Spawn(0)], [Spawn(1)], [Spawn(2)]]
+    for slot in (0, 1, 2):
+        assert m.spawn_refused(slot) == []
+    assert m.refused_starts == 1
+    assert m.next_deadline() == clock.now + START_RETRY_FIRST_SECONDS
+    clock.now = m.next_deadline()
+    assert m.tick() == [Spawn(0), Spawn(1), Spawn(2)]  # all three tried again, once
+
+
+def test_a_slot_whose_start_was_refused_is_tried_until_it_starts_work_or_not():
+    m, clock = machine(1)
+    m.submit(1, frame_bytes=LARGE)
+    m.spawn_refused(0)
+    assert m.tasks_cancelled([1]) == [Stopped(1)]  # its caller gave up on it
+    for _ in range(3):  # the pool gets back to its size once the system lets it
+        clock.now = m.next_deadline()
+        assert m.tick() == [Spawn(0)]
+        m.spawn_refused(0)
+    clock.now = m.next_deadline()
+    assert m.tick() == [Spawn(0)]
+    assert start(m, 0) == [] and m.next_deadline() is None
+
+
+def test_a_pool_shut_down_while_starts_are_refused_closes_once_the_queue_fails():
+    m, clock = machine(1)
+    m.submit(1, frame_bytes=LARGE)
+    m.shutdown(cancel_futures=False)  # waits for task 1, which needs a worker
+    for _ in range(MAX_REFUSED_STARTS - 1):
+        m.spawn_refused(0)
+        clock.now = m.next_deadline()
+        assert m.tick() == [Spawn(0)]  # a draining pool still starts workers for its queue
+    assert m.spawn_refused(0) == [FailRefused(1)]
+    assert m.closed

@@ -42,6 +42,9 @@ class World:
         # then), and replies are rare, so that the pool breaks with tasks running, queued
         # and in the pipes of workers that then die.
         self.flaky_starts = self.rng.random() < 0.3
+        # In some, the system refuses a third of the starts (out of descriptors or
+        # processes): they are tried again later, and may fail what is queued.
+        self.refusing = self.rng.random() < 0.3
         self.machine = StateMachine(
             self.rng.randint(2, 4) if self.flaky_starts else self.rng.randint(1, 3), self.clock,
             max_tasks_per_child=self.rng.choice([None, 1, 2, 5]),
@@ -60,8 +63,11 @@ class World:
             action = work.pop(0)
             if isinstance(action, act.Spawn):
                 assert action.index not in self.alive, "spawned into a live slot"
-                if self.rng.random() < 0.05:
+                roll = self.rng.random()
+                if roll < 0.05:
                     work += self.machine.spawn_failed(action.index)
+                elif self.refusing and roll < 0.38:
+                    work += self.machine.spawn_refused(action.index)
                 else:
                     self.alive[action.index] = {"ready": False}
             elif isinstance(action, act.Send):
@@ -73,11 +79,14 @@ class World:
                 elif roll < 0.15:
                     work += self.machine.send_failed(action.index, action.task_id)
             elif isinstance(action, (act.Resolve, act.FailDied, act.FailMisbehaved,
-                                     act.FailBroken, act.Cancel, act.Stopped,
+                                     act.FailBroken, act.FailRefused, act.Cancel, act.Stopped,
                                      act.FailTimedOut, act.FailTerminated)):
                 self.end(action.task_id, type(action).__name__)
             elif isinstance(action, (act.AskToExit, act.Signal, act.DumpStack)):
-                assert action.index in self.alive, f"{action} for a slot with no process"
+                # (Or for a slot whose start failed after this action was decided: then
+                # the slot is empty, and the loop skips it.)
+                assert action.index in self.alive or self.machine.slots[action.index].state in (
+                    SlotState.EMPTY, SlotState.UNUSED), f"{action} for a slot with no process"
             elif isinstance(action, act.Reclaim):
                 # The worker reads its pipe while the parent takes tasks back: any of them
                 # may have gone either way (the running one rarely: it is read at once).
@@ -238,9 +247,13 @@ def test_random_event_sequences_keep_every_guarantee(seed):
                 assert any(s.state is SlotState.READY for s in m.slots), \
                     "a broken pool holds a queue no worker will take"
             if m.queued and not (m.life is PoolLife.TERMINATING or world.unscheduled):
-                # queued work always has a worker starting or running
+                # queued work always has a worker starting or running, or a start that the
+                # system refused is to be tried again (at a deadline, so the loop wakes)
                 assert any(s.state not in (SlotState.UNUSED, SlotState.EMPTY)
-                           for s in m.slots), "work queued, no worker started or running"
+                           for s in m.slots) or (
+                    m._start_retry_at is not None
+                    and m.next_deadline() <= m._start_retry_at), \
+                    "work queued, no worker started or running"
 
         world.finish()
     except InvalidTransition as exc:
