@@ -33,8 +33,7 @@ def signal_worker(pid: int, signum: int) -> None:
 
 def still_running(pid: int) -> bool:
     """The process exists and is not a zombie (Linux, from /proc; False where there is no
-    /proc: unknown). Asked once a worker's sentinel has fired: a worker still running then
-    has lost what reports its exit (the forkserver that started it has exited)."""
+    /proc: unknown)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()

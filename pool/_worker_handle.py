@@ -170,6 +170,7 @@ class WorkerHandle:
         self.reader = FrameReader(reply_fd)
         self.crash_fd = crash_fd
         self._no_crash_file = no_crash_file  # why there is no crash_fd, if there is none
+        self._forkserver: int | None = None  # the forkserver that started it, if one did
         self.start_error: BaseException | None = None  # from an INIT_FAILED frame
         self.tasks_run = 0  # replies received: tasks it finished (for stats)
         self.outbox: list[tuple[int, _frames.Buffers]] = []  # CALL frames queued this turn
@@ -224,7 +225,12 @@ class WorkerHandle:
             raise
         _teardown.close_fds(task_r, reply_w)  # the child's ends (it has its own copies)
         os.set_blocking(reply_r, False)
-        return cls(process, task_w, reply_r, crash_fd, reclaim_fd, on_write_done, no_crash_file)
+        handle = cls(process, task_w, reply_r, crash_fd, reclaim_fd, on_write_done,
+                     no_crash_file)
+        if getattr(ctx, "get_start_method", lambda: None)() == "forkserver":
+            from multiprocessing import forkserver
+            handle._forkserver = getattr(forkserver._forkserver, "_forkserver_pid", None)
+        return handle
 
     def parent_fds(self) -> list[int]:
         fds = [self.reader.fd, self.sentinel]
@@ -327,7 +333,9 @@ class WorkerHandle:
         # Under forkserver the sentinel is a pipe from the forkserver, which writes the
         # exit status into it. If the forkserver exits first (on Python 3.11-3.13, when
         # the system refuses it a fork), the pipe closes while the worker still runs.
-        status_lost = sentinel_fired and _teardown.still_running(self.pid)
+        status_lost = (sentinel_fired and self._forkserver is not None
+                       and not _teardown.still_running(self._forkserver)
+                       and _teardown.still_running(self.pid))
         self.signal(signal.SIGKILL)
         exitcode = _teardown.reap(self.process, timeout=reap_timeout)
         left = tuple(_teardown.live_group_members(self.pid)) if exitcode is not None else ()
