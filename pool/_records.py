@@ -136,6 +136,7 @@ class Task:
     stop_requested: bool = False    # stop it as soon as it starts running
     kept_alone: bool = False        # running long: the tasks behind it were taken back, and
                                     # no more are queued behind it
+    read_checked: bool = False      # running long: checked that its worker began to read it
 
 
 @dataclass(slots=True)
@@ -152,6 +153,11 @@ class Slot:
     ending: Ending | None = None    # set while the pool ends it with a task running
     idle_since: float | None = None  # when it last became READY with nothing in flight
     idled_out: bool = False         # its worker was stopped for idling: refilled on demand only
+    # Its worker did not read the task it was sent (stopped by SIGSTOP, a debugger, a
+    # cgroup freezer): no task is sent to it before ``stalled_until``; ``stalls`` in a row.
+    stalled_until: float | None = None
+    stalls: int = 0
+    checking_read: bool = False     # a Reclaim is out to see whether it read its task
 
 
 class TaskQueue:

@@ -16,6 +16,11 @@ Guarantees:
 - a task's timeout counts from the moment it becomes RUNNING; when it passes, its worker is
   asked for its stack and then killed, and escalation continues until the process is gone
   or given up on;
+- a task whose worker has not begun to read it ``UNREAD_AFTER_SECONDS`` after it was sent
+  (the worker is stopped) is taken back and run elsewhere; that worker is sent nothing for
+  a while that doubles each time in a row;
+- a start the system refuses for want of a resource is tried again later, with back-off;
+  it never breaks the pool (``spawn_refused``);
 - with an ``idle_timeout``, a READY worker with nothing in flight for that long is asked to
   stop, and its slot is refilled only when queued work needs it (not at once);
 - every task ends in exactly one of DONE, FAILED or CANCELLED, and every slot ends EMPTY
@@ -52,7 +57,8 @@ from ._records import (LIFE_TRANSITIONS, SLOT_TRANSITIONS, TASK_TRANSITIONS, End
                        TaskQueue, TaskState, Timeouts)
 
 __all__ = ["StateMachine", "MAX_START_FAILURES", "MAX_REFUSED_STARTS", "RECLAIM_AFTER_SECONDS",
-           "SHORT_TASK_SECONDS", "START_RETRY_FIRST_SECONDS", "START_RETRY_MAX_SECONDS"]
+           "SHORT_TASK_SECONDS", "START_RETRY_FIRST_SECONDS", "START_RETRY_MAX_SECONDS",
+           "STALL_FIRST_SECONDS", "STALL_MAX_SECONDS", "UNREAD_AFTER_SECONDS"]
 
 # Small tasks are queued behind the running one on a worker (so that it never waits for the
 # round trip) only while that worker's last task ran shorter than this.
@@ -61,6 +67,15 @@ SHORT_TASK_SECONDS = 0.001
 # A task that turns out long does not hold up the small ones queued behind it: once it has
 # run this long, they are taken back from its worker's pipe and run elsewhere.
 RECLAIM_AFTER_SECONDS = 0.005
+
+# A worker that has not begun to read the task it was sent this long after it was sent is
+# not reading (stopped by SIGSTOP, a debugger or a cgroup freezer): the task is taken back
+# from its pipe, unread, and run elsewhere, and the worker is sent nothing for a while,
+# STALL_FIRST_SECONDS the first time, twice as long each time in a row, up to
+# STALL_MAX_SECONDS. (Only where pipes can give frames back: ``Slot.pipelining``.)
+UNREAD_AFTER_SECONDS = 1.0
+STALL_FIRST_SECONDS = 1.0
+STALL_MAX_SECONDS = 30.0
 
 # A worker that dies before READY this many times in a row, with no task completed in
 # between, means the initializer (or the worker's start-up) is broken: stop respawning.
@@ -157,6 +172,8 @@ class StateMachine:
         for slot in self.slots:
             if slot.deadline is not None:
                 deadlines.append(slot.deadline)
+            if slot.stalled_until is not None:
+                deadlines.append(slot.stalled_until)
             if self._idle_timeout is not None:
                 idle_at = self._idle_deadline(slot)
                 if idle_at is not None:
@@ -169,6 +186,8 @@ class StateMachine:
             reclaim_at = self._reclaim_deadline(slot, head)
             if reclaim_at is not None:
                 deadlines.append(reclaim_at)
+            if slot.pipelining and not head.read_checked and head.started is not None:
+                deadlines.append(head.started + UNREAD_AFTER_SECONDS)
         return min(deadlines, default=None)
 
     # -- transitions ------------------------------------------------------------------------
@@ -201,6 +220,7 @@ class StateMachine:
             slot.escalation = slot.deadline = slot.ending = None
         if new is SlotState.EMPTY:
             slot.assigned_count, slot.over_memory, slot.last_duration = 0, False, None
+            slot.stalled_until, slot.stalls, slot.checking_read = None, 0, False
 
     def _start_running(self, slot: Slot, task: Task, now: float | None = None) -> list[Action]:
         """``task`` is now the one its worker runs: start its clock (or stop it at once).
@@ -294,6 +314,7 @@ class StateMachine:
             in_flight.popleft()
             task = tasks[task_id]
             self._move_task(task, TaskState.DONE)
+            slot.stalls = 0
             self.start_failures = 0  # a task completed: the starts before it do not count
             if task.started is not None:
                 slot.last_duration = now - task.started
@@ -513,6 +534,7 @@ class StateMachine:
         in order; if the task believed running was taken back, the first of those runs.
         """
         slot = self.slots[index]
+        checking_read, slot.checking_read = slot.checking_read, False
         if not task_ids:
             return []
         taken = set(task_ids)
@@ -526,6 +548,10 @@ class StateMachine:
             slot.idle_since = self._clock()
         slot.assigned_count -= len(task_ids)
         actions = self._requeue(task_ids)
+        if head_taken and checking_read:  # sent long ago, and still not read: stalled
+            slot.stalls += 1
+            slot.stalled_until = self._clock() + min(
+                STALL_FIRST_SECONDS * 2 ** (slot.stalls - 1), STALL_MAX_SECONDS)
         if head_taken and slot.in_flight:
             actions += self._start_running(slot, self._tasks[slot.in_flight[0]])
         if (slot.state is SlotState.RETIRING and not self._quota_used(slot)
@@ -545,12 +571,21 @@ class StateMachine:
             if deadline <= now:
                 head.kept_alone = True
                 actions.append(Reclaim(slot.index))
+        unstalled = False
         for slot, task in self._timed_running():
+            if (slot.pipelining and not task.read_checked and task.started is not None
+                    and task.started + UNREAD_AFTER_SECONDS <= now):
+                # Has its worker begun to read it? A Reclaim takes it back if not.
+                task.read_checked = slot.checking_read = True
+                actions.append(Reclaim(slot.index))
             if task.deadline is not None and task.deadline <= now:
                 task.deadline = None
                 actions.append(self._escalate(slot, Escalation.DUMPING))
                 slot.ending = Ending.TIMED_OUT
         for slot in self.slots:
+            if slot.stalled_until is not None and slot.stalled_until <= now:
+                slot.stalled_until = None  # it may be sent tasks again (and checked again)
+                unstalled = True
             idle_at = None if self._idle_timeout is None else self._idle_deadline(slot)
             if idle_at is not None and idle_at <= now:
                 slot.idled_out = True
@@ -559,6 +594,8 @@ class StateMachine:
                 continue
             assert slot.state is SlotState.STOPPING and slot.escalation is not None
             actions.append(self._escalate(slot, _NEXT_STEP[slot.escalation]))
+        if unstalled:
+            actions += self._schedule()
         return actions
 
     # -- internals ----------------------------------------------------------------------------
@@ -685,7 +722,8 @@ class StateMachine:
         task is small and not running long. (One pass: this runs for every task.)"""
         best: Slot | None = None
         for slot in self.slots:
-            if slot.state is not SlotState.READY:
+            if slot.state is not SlotState.READY or (
+                    slot.stalled_until is not None and slot.stalled_until > now):
                 continue
             if not slot.in_flight:
                 return slot

@@ -14,7 +14,8 @@ from pool._actions import (AskToExit, Broken, Cancel, Departure, DumpStack, Fail
 from pool._records import (Ending, Escalation, InvalidTransition, PoolLife, SlotState, TaskState,
                            Timeouts)
 from pool._state import (MAX_REFUSED_STARTS, MAX_START_FAILURES, RECLAIM_AFTER_SECONDS,
-                         START_RETRY_FIRST_SECONDS, START_RETRY_MAX_SECONDS, StateMachine)
+                         STALL_FIRST_SECONDS, STALL_MAX_SECONDS, START_RETRY_FIRST_SECONDS,
+                         START_RETRY_MAX_SECONDS, UNREAD_AFTER_SECONDS, StateMachine)
 
 
 class FakeClock:
@@ -41,18 +42,21 @@ def exited(m: StateMachine, slot: int, **kwargs: object) -> list:
     return actions[1:]
 
 
-def start(m: StateMachine, *slots: int) -> list:
+def start(m: StateMachine, *slots: int, pipelining: bool = False) -> list:
+    """Start workers (by default on pipes that cannot give frames back: no tasks are sent
+    ahead to them, and no Reclaim checks that they read what they were sent)."""
     actions = []
     for slot in slots:
-        actions += m.worker_ready(slot)
+        actions += m.worker_ready(slot, pipelining=pipelining)
     return actions
 
 
 def start_warm(m: StateMachine, *slots: int) -> list:
-    """Start workers whose last task was short, so that small tasks are pipelined to them."""
+    """Start workers whose last task was short, on pipes that can give frames back, so that
+    small tasks are pipelined to them."""
     for slot in slots:
         m.slots[slot].last_duration = 0.0
-    return start(m, *slots)
+    return start(m, *slots, pipelining=True)
 
 
 def test_first_submit_spawns_one_worker_and_sends_when_ready():
@@ -523,7 +527,9 @@ def test_tasks_behind_one_that_runs_long_are_taken_back_once_and_run_elsewhere()
     assert m.next_deadline() == clock.now + RECLAIM_AFTER_SECONDS
     clock.now += RECLAIM_AFTER_SECONDS
     assert m.tick() == [Reclaim(0)]
-    assert m.next_deadline() is None and m.tick() == []  # once per running task
+    # once per running task (the next deadline: checking that the worker read task 1)
+    assert m.next_deadline() == clock.now - RECLAIM_AFTER_SECONDS + UNREAD_AFTER_SECONDS
+    assert m.tick() == []
     assert m.tasks_reclaimed(0, [3]) == []  # the worker had read task 2 already
     assert m.queued == [3]
     assert start_warm(m, 1) == [Send(1, 3)]
@@ -642,7 +648,7 @@ def test_small_tasks_queue_behind_a_worker_only_while_its_tasks_are_short():
     m, clock = machine(1, pipeline_depth=3)
     for task_id in (1, 2, 3, 4, 5):
         m.submit(task_id, frame_bytes=SMALL)
-    assert start(m, 0) == [Send(0, 1)]  # a new worker: nothing known, one at a time
+    assert start(m, 0, pipelining=True) == [Send(0, 1)]  # new: nothing known, one at a time
     clock.now += 0.0005
     assert m.task_replied(0, 1) == [Resolve(1), Send(0, 2), Send(0, 3), Send(0, 4)]
     clock.now += 5  # task 2 turned out long: 3 and 4 waited behind it (the price)...
@@ -884,3 +890,63 @@ def test_a_pool_shut_down_while_starts_are_refused_closes_once_the_queue_fails()
         assert m.tick() == [Spawn(0)]  # a draining pool still starts workers for its queue
     assert m.spawn_refused(0) == [FailRefused(1)]
     assert m.closed
+
+
+# -- a worker that does not read what it was sent (stopped: SIGSTOP, a debugger) ---------
+
+def test_a_task_its_worker_has_not_begun_to_read_is_taken_back_and_run_elsewhere():
+    m, clock = machine(2)
+    m.submit(1, frame_bytes=LARGE), m.submit(2, frame_bytes=LARGE)
+    start(m, 0, 1, pipelining=True)
+    m.task_replied(1, 2)  # slot 1 is idle; slot 0 runs task 1 (as far as the parent knows)
+    assert m.next_deadline() == clock.now + UNREAD_AFTER_SECONDS
+    clock.now += UNREAD_AFTER_SECONDS
+    assert m.tick() == [Reclaim(0)]  # has it read task 1?
+    assert m.tick() == []  # (asked once)
+    assert m.tasks_reclaimed(0, [1]) == [Send(1, 1)]  # no: it runs on the other worker
+    # The stalled worker is sent nothing for a while, even when it is the only idle one.
+    m.task_replied(1, 1)
+    m.submit(3, frame_bytes=LARGE), m.submit(4, frame_bytes=LARGE)
+    assert list(m.slots[1].in_flight) == [3] and m.queued == [4]
+    assert m.next_deadline() == clock.now + STALL_FIRST_SECONDS
+    clock.now += STALL_FIRST_SECONDS
+    assert Send(0, 4) in m.tick()  # then it is tried again
+    assert m.task_replied(0, 4) == [Resolve(4)] and m.slots[0].stalls == 0  # it reads again
+
+
+def test_a_worker_that_read_its_task_is_not_stalled():
+    m, clock = machine(1)
+    m.submit(1, frame_bytes=LARGE)
+    start(m, 0, pipelining=True)
+    clock.now += UNREAD_AFTER_SECONDS
+    assert m.tick() == [Reclaim(0)]
+    assert m.tasks_reclaimed(0, []) == []  # it has read it: it runs
+    assert m.slots[0].stalled_until is None and m.task_state(1) is TaskState.RUNNING
+    assert m.next_deadline() is None  # nothing more to check for this task
+
+
+def test_a_worker_that_keeps_not_reading_waits_longer_each_time():
+    m, clock = machine(1)
+    waits = []
+    for task_id in range(1, 9):
+        m.submit(task_id, frame_bytes=LARGE)
+        if m.slots[0].state is SlotState.STARTING:
+            start(m, 0, pipelining=True)
+        assert list(m.slots[0].in_flight) == [task_id]
+        clock.now += UNREAD_AFTER_SECONDS
+        assert m.tick() == [Reclaim(0)]
+        m.tasks_reclaimed(0, [task_id])
+        m.tasks_cancelled([task_id])  # (no other worker: its caller gives up on it)
+        waits.append(m.slots[0].stalled_until - clock.now)
+        clock.now = m.slots[0].stalled_until
+        m.tick()
+    assert waits == [min(STALL_FIRST_SECONDS * 2 ** i, STALL_MAX_SECONDS) for i in range(8)]
+
+
+def test_no_read_check_where_pipes_cannot_give_frames_back():
+    m, clock = machine(1)
+    m.submit(1, frame_bytes=LARGE)
+    start(m, 0, pipelining=False)
+    assert m.next_deadline() is None
+    clock.now += 10 * UNREAD_AFTER_SECONDS
+    assert m.tick() == []
