@@ -78,7 +78,8 @@ from ._errors import (PoolInternalError, TaskInfo, WorkerDied, WorkerProtocolErr
                       describe_exit)
 from ._futures import CallbackRunner, Latch, PoolFuture, install_on_dispatcher_thread
 from ._main_guard import keep_main_importable
-from ._outcomes import StartFailures, failure, format_error, fresh, is_refusal, resolve
+from ._outcomes import (StartFailures, failure, format_error, fresh, is_refusal, resolve,
+                        warn_if_descriptors_short)
 from ._state import StateMachine
 from ._stats import Counters, Outcome, PoolStats, WorkerStats
 from ._wakeup import Wakeup
@@ -151,6 +152,7 @@ class Dispatcher:
         self._abandoned: list[WorkerHandle] = []     # survived SIGKILL's grace; reported
         self._lingering: dict[int, float] = {}       # process group -> when to give up on it
         self._start_failures = StartFailures(self.name)
+        warn_if_descriptors_short(self.name, max_workers)
         self._callbacks = CallbackRunner(f"{self.name}-callbacks")
         self._injected_fault: BaseException | None = None  # tests: make the loop fail
         self._decoded_errors: list[BaseException] = []  # this turn's; see release_frames

@@ -149,5 +149,30 @@ def _limit_hint(exc: BaseException) -> str:
     return ""
 
 
+# What each worker holds open in the parent: its task pipe, a second reader of it, its
+# reply pipe, its crash report, its sentinel, and a spare for a large frame's writer.
+PARENT_DESCRIPTORS_PER_WORKER = 6
+
+
+def warn_if_descriptors_short(pool_name: str, max_workers: int) -> None:
+    """Say at once, in the constructor, what ``max_workers`` cannot have: the process's
+    descriptor limit caps how many workers can run (the rest would be refused, and
+    retried, for as long as the pool lives)."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = max_workers * PARENT_DESCRIPTORS_PER_WORKER + 64  # (and the process's own)
+    if soft == resource.RLIM_INFINITY or needed <= soft:
+        return
+    logger.warning(
+        "%s: max_workers=%d needs about %d descriptors in this process, but its limit "
+        "(RLIMIT_NOFILE) is %d: about %d workers can run at once, and starting the rest "
+        "will be refused and retried. Raise the limit (ulimit -n, or "
+        "resource.setrlimit(resource.RLIMIT_NOFILE, ...)) to run them all.", pool_name,
+        max_workers, needed, soft, max(1, (soft - 64) // PARENT_DESCRIPTORS_PER_WORKER))
+
+
 def format_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"

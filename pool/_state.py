@@ -744,6 +744,11 @@ class StateMachine:
             return []  # every slot has a process: nothing to start (the common case)
         if self._start_retry_at is not None:
             return []  # the system refused the last start: ``tick`` tries again
+        # After refused starts, one start at a time (a probe) until a worker is READY: a
+        # hundred empty slots need not each be refused at every try.
+        probing = self.refused_starts > 0
+        if probing and self._in_state[SlotState.STARTING]:
+            return []
         actions: list[Action] = []
         capacity = 0  # places where a queued task could start soon
         for slot in self.slots:
@@ -753,6 +758,8 @@ class StateMachine:
                 # was stopped for idling: then only when work needs it, below).
                 self._move_slot(slot, SlotState.STARTING)
                 actions.append(Spawn(slot.index))
+                if probing:
+                    return actions
             if slot.state is SlotState.STARTING or (slot.state is SlotState.READY
                                                     and not slot.in_flight):
                 capacity += 1
@@ -766,6 +773,8 @@ class StateMachine:
                 self._move_slot(slot, SlotState.STARTING)
                 actions.append(Spawn(slot.index))
                 capacity += 1
+                if probing:
+                    break
         return actions
 
     def _stop_idle(self) -> list[Action]:

@@ -863,7 +863,9 @@ def test_starts_refused_in_one_round_count_as_one_refusal():
     assert m.refused_starts == 1
     assert m.next_deadline() == clock.now + START_RETRY_FIRST_SECONDS
     clock.now = m.next_deadline()
-    assert m.tick() == [Spawn(0), Spawn(1), Spawn(2)]  # all three tried again, once
+    assert m.tick() == [Spawn(0)]  # one start at a time, to see whether the system lets it
+    assert m.schedule() == []  # (not a second while that one starts)
+    assert start(m, 0) == [Send(0, 1), Spawn(1), Spawn(2)]  # it did: the rest start
 
 
 def test_a_slot_whose_start_was_refused_is_tried_until_it_starts_work_or_not():
