@@ -1,0 +1,79 @@
+"""What README's security review claims, where it can be checked: no sockets, crash
+reports private and never on disk, and what a worker inherits under each start method."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+import pool
+import tasks
+
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+
+
+def descriptors_of(pid: int) -> dict[int, str]:
+    """What each open descriptor of ``pid`` is (``socket:[...]``, ``pipe:[...]``, a path)."""
+    found = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            found[int(fd)] = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            pass  # closed meanwhile
+    return found
+
+
+def sockets_of(pid: int) -> list[str]:
+    return [what for what in descriptors_of(pid).values() if what.startswith("socket:")]
+
+
+def test_no_socket_is_opened_by_the_pool_or_its_workers(ctx):
+    before = sockets_of(os.getpid())
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        results = [p.submit(tasks.pid_of_worker) for _ in range(20)]
+        workers = {f.result(60) for f in results}
+        assert sockets_of(os.getpid()) == before  # (pipes only, between it and its own)
+        for worker in workers:
+            assert sockets_of(worker) == []
+            assert any(what.startswith("pipe:") for what in descriptors_of(worker).values())
+
+
+def crash_files(p: pool.ProcessPool) -> list[str]:
+    handles = list(p._dispatcher._workers.values())
+    return [os.readlink(f"/proc/self/fd/{h.crash_fd}") for h in handles
+            if h.crash_fd is not None]
+
+
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="no memfd_create here")
+def test_crash_reports_are_anonymous_memory_never_a_file_on_disk(ctx):
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        worker = p.submit(tasks.pid_of_worker).result(60)
+        (name,) = crash_files(p)
+        assert name.startswith("/memfd:pool-crash-report") and name.endswith("(deleted)")
+        assert any(what == name for what in descriptors_of(worker).values())
+
+
+@pytest.mark.isolated
+def test_without_memfd_a_crash_report_is_a_private_file_unlinked_at_once(ctx, monkeypatch):
+    monkeypatch.delattr(os, "memfd_create", raising=False)
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        p.submit(tasks.square, 2).result(60)
+        (handle,) = p._dispatcher._workers.values()
+        assert handle.crash_fd is not None
+        assert os.readlink(f"/proc/self/fd/{handle.crash_fd}").endswith("(deleted)")
+        assert stat.S_IMODE(os.fstat(handle.crash_fd).st_mode) == 0o600  # the user's only
+
+
+def test_a_worker_inherits_the_parents_descriptors_only_under_fork(ctx, tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("x")
+    with open(secret) as held:  # (not inheritable, as Python opens every file)
+        with pool.ProcessPool(1, mp_context=ctx) as p:
+            worker = p.submit(tasks.pid_of_worker).result(60)
+            inherited = str(secret) in descriptors_of(worker).values()
+    assert held.closed
+    # fork copies every descriptor of the parent; spawn and forkserver pass only the
+    # worker's own pipes, crash report and lifeline.
+    assert inherited == (ctx.get_start_method() == "fork")
