@@ -272,6 +272,9 @@ class ProcessPool(Executor):
         self._dispatcher.check_open()
         if not self._main_checked:
             self._check_first_use()
+        if "submit" in vars(self) or type(self).submit is not ProcessPool.submit:
+            # Overridden or wrapped: every task goes through it, as with the stdlib.
+            return _mapping.calls_through_submit(fn, iterables, chunksize, self.submit)
         return _mapping.calls(fn, iterables, chunksize, lambda encoded: (
             self._dispatcher.submit_many(encoded, self._task_timeout)))
 

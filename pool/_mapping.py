@@ -16,6 +16,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+import threading
 import time
 from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Iterator, Sized
@@ -63,14 +64,7 @@ def calls(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...], chunksiz
     """The input, read lazily, as argument tuples (a chunk of ``chunksize`` items is one
     tuple, run by ``process_items`` or ``process_chunk``), and the function that submits
     a group of them through ``submit``. The function is pickled once, here."""
-    runner: Callable[..., Any] = fn
-    batches: Iterator[tuple[Any, ...]] = zip(*iterables)
-    if chunksize > 1 and len(iterables) == 1:
-        runner = functools.partial(process_items, fn)
-        batches = ((chunk,) for chunk in _batched(iter(iterables[0]), chunksize))
-    elif chunksize > 1:
-        runner = functools.partial(process_chunk, fn)
-        batches = ((chunk,) for chunk in _batched(batches, chunksize))
+    runner, batches = _runner_and_batches(fn, iterables, chunksize)
     try:
         fn_blob = _pickling.dumps_callable(runner)
     except ArgumentPicklingError as exc:
@@ -113,6 +107,51 @@ def calls(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...], chunksiz
         return futures
 
     return batches, submit_group
+
+
+def _runner_and_batches(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...],
+                        chunksize: int) -> tuple[Callable[..., Any], Iterator[tuple[Any, ...]]]:
+    """What each task runs, and its argument tuples (a chunk is one tuple)."""
+    if chunksize > 1 and len(iterables) == 1:
+        chunks = _batched(iter(iterables[0]), chunksize)
+        return functools.partial(process_items, fn), ((chunk,) for chunk in chunks)
+    if chunksize > 1:
+        chunks = _batched(zip(*iterables), chunksize)
+        return functools.partial(process_chunk, fn), ((chunk,) for chunk in chunks)
+    return fn, zip(*iterables)
+
+
+def calls_through_submit(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...],
+                         chunksize: int, submit: Callable[..., PoolFuture[Any]]
+                         ) -> tuple[Iterator[tuple[Any, ...]], SubmitGroup]:
+    """As ``calls``, but each task goes through ``submit(runner, *args)``: the pool's
+    ``submit`` as a subclass overrides it or a wrapper replaces it (tqdm's ``process_map``
+    counts its tasks so), which the stdlib's ``map`` also calls for each task."""
+    runner, batches = _runner_and_batches(fn, iterables, chunksize)
+
+    def submit_group(group: list[tuple[Any, ...]]) -> list[PoolFuture[Any]]:
+        futures: list[PoolFuture[Any]] = []
+        try:
+            for args in group:
+                future = submit(runner, *args)
+                # The result is handed on once the callbacks added in ``submit`` have run
+                # (done-callbacks run in order, on one thread, and this one is added
+                # last): a progress bar that counts them is up to date when map ends.
+                ran = threading.Event()
+                future.add_done_callback(functools.partial(_set_event, ran))
+                future._callbacks_ran = ran  # type: ignore[attr-defined]
+                futures.append(future)
+        except BaseException:  # (an interrupt): what was submitted does not run unseen
+            for future in futures:
+                future.cancel()
+            raise
+        return futures
+
+    return batches, submit_group
+
+
+def _set_event(event: threading.Event, _future: Future[Any]) -> None:
+    event.set()
 
 
 def one_by_one(submit_group: SubmitGroup) -> SubmitBatch:
@@ -202,6 +241,10 @@ def _result_or_cancel(future: Future[Any], timeout: float | None) -> Any:
         except BaseException:  # (a timeout, an interrupt; a finished one ignores cancel)
             future.cancel()
             raise
+        finally:
+            ran = getattr(future, "_callbacks_ran", None)  # (``calls_through_submit``)
+            while ran is not None and future.done() and not ran.wait(0.25):
+                pass  # (in slices: a Ctrl-C is not held up)
     finally:
         del future  # break the reference cycle with the exception's traceback
 

@@ -47,6 +47,60 @@ def test_map_chunks_give_the_same_results(ctx, chunksize):
         assert list(p.map(tasks.identity, items, chunksize=chunksize)) == items
 
 
+class CountingPool(pool.ProcessPool):
+    """A subclass that overrides submit, as code built on the stdlib's executor does."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.submitted = []
+
+    def submit(self, fn, /, *args, **kwargs):
+        self.submitted.append(args)
+        return super().submit(fn, *args, **kwargs)
+
+
+@pytest.mark.parametrize("chunksize", [1, 4])
+def test_map_goes_through_an_overriding_submit(ctx, chunksize):
+    with CountingPool(2, mp_context=ctx) as p:
+        assert list(p.map(tasks.square, range(10), chunksize=chunksize)) == [
+            i * i for i in range(10)]
+        assert len(p.submitted) == (10 if chunksize == 1 else 3)  # a task per chunk
+
+
+def test_map_goes_through_a_submit_wrapped_on_the_instance(ctx):
+    with pool.ProcessPool(2, mp_context=ctx) as p:
+        done = []
+        original = p.submit
+
+        def counting_submit(*args, **kwargs):
+            future = original(*args, **kwargs)
+            future.add_done_callback(done.append)
+            return future
+        p.submit = counting_submit
+        assert list(p.map(tasks.add, range(9), range(9))) == [2 * i for i in range(9)]
+        # Every task's callbacks have run by the time map hands its result on.
+        assert len(done) == 9
+        del p.submit  # the pool's own again: the grouped fast path
+        assert list(p.map(tasks.square, range(3))) == [0, 1, 4] and len(done) == 9
+
+
+def test_tqdm_process_map_counts_every_task(monkeypatch):
+    pytest.importorskip("tqdm")
+    import io
+    import multiprocessing
+
+    import tqdm
+    from tqdm.contrib.concurrent import _executor_map  # process_map, with the executor given
+    monkeypatch.setattr(tqdm.tqdm, "monitor_interval", 0)  # (no monitor thread left behind)
+    bar = io.StringIO()
+    # (fork: tqdm shares a lock made in the default context, which is fork before 3.14)
+    results = _executor_map(pool.ProcessPool, tasks.square, range(9), max_workers=2,
+                            tqdm_class=tqdm.tqdm, file=bar,
+                            mp_context=multiprocessing.get_context("fork"))
+    assert results == [i * i for i in range(9)]
+    assert "9/9" in bar.getvalue().splitlines()[-1].split("\r")[-1]
+
+
 def test_map_raises_at_the_failing_item(ctx):
     with pool.ProcessPool(2, mp_context=ctx) as p:
         results = p.map(tasks.square, [1, 2, "x", 4])
