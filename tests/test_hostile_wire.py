@@ -143,7 +143,7 @@ ENDINGS = (pool.WorkerProtocolError, pool.ResultTransferError, pool.RemoteTaskEr
 
 
 @pytest.mark.timeout(600)
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), then=st.sampled_from(["return", "exit"]))
 def test_whatever_a_fake_worker_writes_ends_its_own_task_and_nothing_else(data, then):
     import multiprocessing

@@ -17,7 +17,7 @@ from helpers import REPO_DIR, START_METHODS
 @pytest.mark.parametrize("method", START_METHODS)
 def test_a_short_soak_loses_nothing_doubles_nothing_and_leaves_nothing(method):
     proc = subprocess.run([sys.executable, str(REPO_DIR / "benchmarks" / "soak.py"),
-                           "--seconds", "6", "--start-method", method, "--json"],
+                           "--seconds", "4", "--start-method", method, "--json"],
                           capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-4000:]
     figures = json.loads(proc.stdout.splitlines()[-1])
