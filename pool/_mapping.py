@@ -14,6 +14,7 @@ Assumes: the caller checked that the pool is open and its first use (``ProcessPo
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import itertools
 import threading
@@ -86,7 +87,7 @@ def calls(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...], chunksiz
                 futures.extend(submit(encoded))
                 encoded, encoded_bytes = [], 0
 
-        try:
+        with _cancelled_if_interrupted(futures):
             for args in group:
                 try:
                     body = _pickling.encode_call(fn_blob,
@@ -100,10 +101,6 @@ def calls(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...], chunksiz
                 if encoded_bytes >= GROUP_BYTES:
                     submit_encoded()
             submit_encoded()
-        except BaseException:  # (an interrupt): what was submitted does not run unseen
-            for future in futures:
-                future.cancel()
-            raise
         return futures
 
     return batches, submit_group
@@ -131,7 +128,7 @@ def calls_through_submit(fn: Callable[..., Any], iterables: tuple[Iterable[Any],
 
     def submit_group(group: list[tuple[Any, ...]]) -> list[PoolFuture[Any]]:
         futures: list[PoolFuture[Any]] = []
-        try:
+        with _cancelled_if_interrupted(futures):
             for args in group:
                 future = submit(runner, *args)
                 # The result is handed on once the callbacks added in ``submit`` have run
@@ -141,13 +138,20 @@ def calls_through_submit(fn: Callable[..., Any], iterables: tuple[Iterable[Any],
                 future.add_done_callback(functools.partial(_set_event, ran))
                 future._callbacks_ran = ran  # type: ignore[attr-defined]
                 futures.append(future)
-        except BaseException:  # (an interrupt): what was submitted does not run unseen
-            for future in futures:
-                future.cancel()
-            raise
         return futures
 
     return batches, submit_group
+
+
+@contextlib.contextmanager
+def _cancelled_if_interrupted(futures: list[PoolFuture[Any]]) -> Iterator[None]:
+    """An interrupt while a group is submitted: what was submitted does not run unseen."""
+    try:
+        yield
+    except BaseException:
+        for future in futures:
+            future.cancel()
+        raise
 
 
 def _set_event(event: threading.Event, _future: Future[Any]) -> None:
