@@ -597,7 +597,8 @@ class Dispatcher:
         if exited.group_left:  # SIGKILLed with the worker; they may take a moment to go
             self._lingering[exited.pid] = time.monotonic() + self._timeouts.kill
         self._perform(self._machine.worker_exited(
-            index, unread_bytes=exited.unread_task_bytes, exited=exited))
+            index, unread_bytes=exited.unread_task_bytes, exited=exited,
+            lost_track=bool(exited.ended_because)))
 
     def _departed(self, action: _actions.WorkerGone) -> None:
         """Count and log a worker's exit as the machine says it left."""
@@ -765,7 +766,8 @@ class Dispatcher:
         exited = worker.abandon()
         self._abandoned.append(worker)
         self._perform(self._machine.worker_exited(
-            index, unread_bytes=exited.unread_task_bytes, exited=exited))
+            index, unread_bytes=exited.unread_task_bytes, exited=exited,
+            lost_track=bool(exited.ended_because)))
 
     def _send(self, index: int, record: TaskRecord) -> list[_actions.Action]:
         if not record.marked_running:

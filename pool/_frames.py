@@ -248,6 +248,7 @@ class FrameReader:
         self._large_filled = 0
         # A reply being thrown away (``Unreceivable``): kind, task_id, bytes left, why.
         self._discarding: tuple[int, int, int, Unreceivable] | None = None
+        self._scratch: bytearray | None = None  # what it is read into
 
     def read_available(self) -> list[Frame]:
         frames: list[Frame] = []
@@ -274,7 +275,13 @@ class FrameReader:
     def _discard(self, frames: list[Frame]) -> None:
         assert self._discarding is not None
         kind, task_id, left, body = self._discarding
-        count = len(os.read(self.fd, min(left, _READ_CHUNK)))
+        try:  # (one buffer for the whole frame: little is allocated while memory is short)
+            if self._scratch is None:
+                self._scratch = bytearray(_READ_CHUNK)
+        except MemoryError:
+            self.error = f"a frame of {body.length} bytes, more than memory can hold"
+            return
+        count = os.readv(self.fd, [memoryview(self._scratch)[:min(left, _READ_CHUNK)]])
         if count == 0:
             self.eof = True
             return

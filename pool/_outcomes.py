@@ -62,6 +62,7 @@ class StartFailures:
         """The system refused to start a worker (``is_refusal``), for the ``in_a_row``-th
         round of starts in a row. Logged once a streak, not at every try."""
         self._last = f"the system refused to start a worker: {format_error(exc)}{_limit_hint(exc)}"
+        exc.__traceback__ = None  # (its frames hold the dispatcher: keep the error alone)
         self._cause = exc
         if in_a_row == 1:
             logger.warning("%s: %s; trying again, less and less often", self._pool_name,

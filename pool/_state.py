@@ -16,9 +16,9 @@ Guarantees:
 - a task's timeout counts from the moment it becomes RUNNING; when it passes, its worker is
   asked for its stack and then killed, and escalation continues until the process is gone
   or given up on;
-- a task whose worker has not begun to read it ``UNREAD_AFTER_SECONDS`` after it was sent
-  (the worker is stopped) is taken back and run elsewhere; that worker is sent nothing for
-  a while that doubles each time in a row;
+- a small task (one packet) whose worker has not begun to read it
+  ``UNREAD_AFTER_SECONDS`` after it was sent (the worker is stopped) is taken back and run
+  elsewhere; that worker is sent nothing for a while that doubles each time in a row;
 - a start the system refuses for want of a resource is tried again later, with back-off;
   it never breaks the pool (``spawn_refused``);
 - with an ``idle_timeout``, a READY worker with nothing in flight for that long is asked to
@@ -186,7 +186,8 @@ class StateMachine:
             reclaim_at = self._reclaim_deadline(slot, head)
             if reclaim_at is not None:
                 deadlines.append(reclaim_at)
-            if slot.pipelining and not head.read_checked and head.started is not None:
+            if (slot.pipelining and head.pipelinable and not head.read_checked
+                    and head.started is not None):
                 deadlines.append(head.started + UNREAD_AFTER_SECONDS)
         return min(deadlines, default=None)
 
@@ -270,7 +271,8 @@ class StateMachine:
             return self.worker_misbehaved(index, "a READY frame from a worker already ready")
         slot.pipelining = pipelining
         self._move_slot(slot, SlotState.READY)
-        self.refused_starts = 0  # the system has room again
+        self.refused_starts = 0  # the system has room again: the other slots start now
+        self._start_retry_at = None
         return self._schedule()
 
     def worker_init_failed(self, index: int) -> list[Action]:
@@ -399,7 +401,7 @@ class StateMachine:
         self._move_slot(slot, SlotState.EMPTY)  # (refilled like any empty slot, when tried)
         if self._start_retry_at is None:  # the first refusal of this round of starts
             self.refused_starts += 1
-            delay = min(START_RETRY_FIRST_SECONDS * 2 ** (self.refused_starts - 1),
+            delay = min(START_RETRY_FIRST_SECONDS * 2 ** min(self.refused_starts - 1, 30),
                         START_RETRY_MAX_SECONDS)
             self._start_retry_at = self._clock() + delay
         actions: list[Action] = []
@@ -415,8 +417,8 @@ class StateMachine:
         return any(self._in_state[state] for state in
                    (SlotState.STARTING, SlotState.READY, SlotState.RETIRING))
 
-    def worker_exited(self, index: int, *, unread_bytes: int = 0,
-                      exited: object = None) -> list[Action]:
+    def worker_exited(self, index: int, *, unread_bytes: int = 0, exited: object = None,
+                      lost_track: bool = False) -> list[Action]:
         """The slot's process is gone (and its last replies were already delivered), or it
         was given up on after SIGKILL's grace. ``exited`` (opaque here) is what is known of
         it; it travels in the actions that report it.
@@ -426,6 +428,10 @@ class StateMachine:
         they are requeued, even the first. A frame read in part counts as started: a worker
         unpickles a large call as it reads it, so user code (reducers) may have run, perhaps
         the code that killed it; sent again, it would kill worker after worker.
+
+        ``lost_track``: the pool ended it because it could no longer watch it (its
+        forkserver exited): if it was starting, that says nothing of its start, which does
+        not count as failed.
         """
         slot = self.slots[index]
         if slot.state is SlotState.STOPPING:
@@ -435,7 +441,7 @@ class StateMachine:
         else:
             departure = Departure.RUNNING if slot.in_flight else Departure.IDLE
         gone: list[Action] = [WorkerGone(index, departure, exited)]
-        return gone + self._emptied(slot, unread_bytes, exited)
+        return gone + self._emptied(slot, unread_bytes, exited, failed_start=not lost_track)
 
     def _unstarted(self, slot: Slot, unread_bytes: int) -> int:
         """How many of the last tasks sent to the slot lie wholly in its unread bytes."""
@@ -447,9 +453,10 @@ class StateMachine:
             count += 1
         return count
 
-    def _emptied(self, slot: Slot, unread_bytes: int, exited: object) -> list[Action]:
+    def _emptied(self, slot: Slot, unread_bytes: int, exited: object,
+                 failed_start: bool = True) -> list[Action]:
         actions: list[Action] = []
-        if slot.state is SlotState.STARTING:
+        if slot.state is SlotState.STARTING and failed_start:
             self.start_failures += 1
         if slot.in_flight and self._unstarted(slot, unread_bytes) < len(slot.in_flight):
             actions.append(self._end_running_task(slot, exited))
@@ -551,7 +558,7 @@ class StateMachine:
         if head_taken and checking_read:  # sent long ago, and still not read: stalled
             slot.stalls += 1
             slot.stalled_until = self._clock() + min(
-                STALL_FIRST_SECONDS * 2 ** (slot.stalls - 1), STALL_MAX_SECONDS)
+                STALL_FIRST_SECONDS * 2 ** min(slot.stalls - 1, 30), STALL_MAX_SECONDS)
         if head_taken and slot.in_flight:
             actions += self._start_running(slot, self._tasks[slot.in_flight[0]])
         if (slot.state is SlotState.RETIRING and not self._quota_used(slot)
@@ -573,7 +580,8 @@ class StateMachine:
                 actions.append(Reclaim(slot.index))
         unstalled = False
         for slot, task in self._timed_running():
-            if (slot.pipelining and not task.read_checked and task.started is not None
+            if (slot.pipelining and task.pipelinable and not task.read_checked
+                    and task.started is not None
                     and task.started + UNREAD_AFTER_SECONDS <= now):
                 # Has its worker begun to read it? A Reclaim takes it back if not.
                 task.read_checked = slot.checking_read = True
@@ -666,6 +674,7 @@ class StateMachine:
                 actions.append(Stopped(task.task_id))
             else:
                 self._move_task(task, TaskState.QUEUED)
+                task.kept_alone = task.read_checked = False  # (its next run is checked anew)
                 self._queue.appendleft(task.task_id)
         return actions
 
@@ -760,9 +769,10 @@ class StateMachine:
                 actions.append(Spawn(slot.index))
                 if probing:
                     return actions
-            if slot.state is SlotState.STARTING or (slot.state is SlotState.READY
-                                                    and not slot.in_flight):
-                capacity += 1
+            if slot.state is SlotState.STARTING or (
+                    slot.state is SlotState.READY and not slot.in_flight
+                    and (slot.stalled_until is None or slot.stalled_until <= self._clock())):
+                capacity += 1  # (a stalled worker is none: it does not read what it gets)
         if len(self._queue) <= capacity:
             return actions
         # On demand: start workers while queued tasks outnumber the places to run them.

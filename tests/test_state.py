@@ -898,7 +898,7 @@ def test_a_pool_shut_down_while_starts_are_refused_closes_once_the_queue_fails()
 
 def test_a_task_its_worker_has_not_begun_to_read_is_taken_back_and_run_elsewhere():
     m, clock = machine(2)
-    m.submit(1, frame_bytes=LARGE), m.submit(2, frame_bytes=LARGE)
+    m.submit(1, frame_bytes=SMALL), m.submit(2, frame_bytes=SMALL)
     start(m, 0, 1, pipelining=True)
     m.task_replied(1, 2)  # slot 1 is idle; slot 0 runs task 1 (as far as the parent knows)
     assert m.next_deadline() == clock.now + UNREAD_AFTER_SECONDS
@@ -908,7 +908,7 @@ def test_a_task_its_worker_has_not_begun_to_read_is_taken_back_and_run_elsewhere
     assert m.tasks_reclaimed(0, [1]) == [Send(1, 1)]  # no: it runs on the other worker
     # The stalled worker is sent nothing for a while, even when it is the only idle one.
     m.task_replied(1, 1)
-    m.submit(3, frame_bytes=LARGE), m.submit(4, frame_bytes=LARGE)
+    m.submit(3, frame_bytes=SMALL), m.submit(4, frame_bytes=SMALL)
     assert list(m.slots[1].in_flight) == [3] and m.queued == [4]
     assert m.next_deadline() == clock.now + STALL_FIRST_SECONDS
     clock.now += STALL_FIRST_SECONDS
@@ -918,7 +918,7 @@ def test_a_task_its_worker_has_not_begun_to_read_is_taken_back_and_run_elsewhere
 
 def test_a_worker_that_read_its_task_is_not_stalled():
     m, clock = machine(1)
-    m.submit(1, frame_bytes=LARGE)
+    m.submit(1, frame_bytes=SMALL)
     start(m, 0, pipelining=True)
     clock.now += UNREAD_AFTER_SECONDS
     assert m.tick() == [Reclaim(0)]
@@ -931,7 +931,7 @@ def test_a_worker_that_keeps_not_reading_waits_longer_each_time():
     m, clock = machine(1)
     waits = []
     for task_id in range(1, 9):
-        m.submit(task_id, frame_bytes=LARGE)
+        m.submit(task_id, frame_bytes=SMALL)
         if m.slots[0].state is SlotState.STARTING:
             start(m, 0, pipelining=True)
         assert list(m.slots[0].in_flight) == [task_id]
@@ -945,10 +945,42 @@ def test_a_worker_that_keeps_not_reading_waits_longer_each_time():
     assert waits == [min(STALL_FIRST_SECONDS * 2 ** i, STALL_MAX_SECONDS) for i in range(8)]
 
 
-def test_no_read_check_where_pipes_cannot_give_frames_back():
+def test_no_read_check_where_the_frame_cannot_be_taken_back_whole():
+    for frame_bytes, pipelining in ((SMALL, False), (LARGE, True)):
+        m, clock = machine(1)  # a pipe without packets; a frame of more than one packet
+        m.submit(1, frame_bytes=frame_bytes)
+        start(m, 0, pipelining=pipelining)
+        assert m.next_deadline() is None
+        clock.now += 10 * UNREAD_AFTER_SECONDS
+        assert m.tick() == []
+
+
+def test_a_task_taken_back_unread_is_checked_again_wherever_it_runs_next():
     m, clock = machine(1)
+    m.submit(1, frame_bytes=SMALL)
+    start(m, 0, pipelining=True)
+    clock.now += UNREAD_AFTER_SECONDS
+    assert m.tick() == [Reclaim(0)]
+    assert m.tasks_reclaimed(0, [1]) == []  # no other worker: it waits for this one
+    clock.now = m.slots[0].stalled_until
+    assert m.tick() == [Send(0, 1)]  # sent again: and checked again
+    assert m.next_deadline() == clock.now + UNREAD_AFTER_SECONDS
+
+
+def test_a_stalled_worker_is_no_place_to_run_a_task_so_another_starts():
+    m, clock = machine(2)
+    m.submit(1, frame_bytes=SMALL)
+    start(m, 0, pipelining=True)
+    clock.now += UNREAD_AFTER_SECONDS
+    m.tick()
+    assert m.tasks_reclaimed(0, [1]) == [Spawn(1)]  # (the stopped one cannot take it)
+    assert start(m, 1, pipelining=True) == [Send(1, 1)]
+
+
+def test_a_worker_lost_track_of_while_starting_is_no_failed_start():
+    m, _ = machine(1)
     m.submit(1, frame_bytes=LARGE)
-    start(m, 0, pipelining=False)
-    assert m.next_deadline() is None
-    clock.now += 10 * UNREAD_AFTER_SECONDS
-    assert m.tick() == []
+    for _ in range(MAX_START_FAILURES + 1):  # (its forkserver exited, again and again)
+        actions = m.worker_exited(0, lost_track=True)
+        assert Spawn(0) in actions and m.life is PoolLife.OPEN
+    assert m.start_failures == 0

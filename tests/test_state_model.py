@@ -215,7 +215,7 @@ class World:
         for _ in range(10_000):
             if m.closed:
                 return
-            for slot in list(self.alive):
+            for slot in list(self.alive):  # the first worker with something to do does it
                 state = m.slots[slot].state
                 if not self.alive[slot]["ready"] and state is not SlotState.STOPPING:
                     self.alive[slot]["ready"] = True
@@ -224,6 +224,8 @@ class World:
                     self.perform(m.task_replied(slot, m.slots[slot].in_flight[0]))
                 elif state is SlotState.STOPPING:
                     self.die(slot)  # it was asked (or signalled) to exit: it does
+                else:
+                    continue  # idle (stalled, say): the next one
                 break
             else:
                 self.clock.now += 10
