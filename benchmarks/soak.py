@@ -141,20 +141,16 @@ def killer(p: pool.ProcessPool, rng: random.Random, stop: threading.Event,
             seen.update(children_of(worker))
         if not workers:
             continue
-        target = rng.choice(workers)
+        target, what = rng.choice(workers), "workers killed"
         if rng.random() < 0.5:
             grandchildren = children_of(target)
             if grandchildren:
-                target = rng.choice(grandchildren)
-                counts["children killed"] += 1
-            else:
-                counts["workers killed"] += 1
-        else:
-            counts["workers killed"] += 1
+                target, what = rng.choice(grandchildren), "children killed"
         try:
             os.kill(target, signal.SIGKILL)
         except ProcessLookupError:
-            pass
+            continue  # (gone already)
+        counts[what] += 1  # (a worker already ending when killed is no second death)
 
 
 def soak(seconds: float, workers: int, method: str, seed: int) -> dict[str, Any]:
