@@ -100,6 +100,17 @@ _NEXT_STEP = {Escalation.ASKED: Escalation.TERMINATED, Escalation.DUMPING: Escal
               Escalation.TERMINATED: Escalation.KILLED, Escalation.KILLED: Escalation.GIVEN_UP}
 
 
+def _doubling(first: float, nth: int, most: float) -> float:
+    """A back-off: ``first`` for the first time in a row, twice as long each time after,
+    never more than ``most`` (the exponent is capped: a float power would overflow)."""
+    return min(first * float(2 ** min(nth - 1, 30)), most)
+
+
+def _stalled(slot: Slot, now: float) -> bool:
+    """The slot's worker did not read what it was sent, and its wait is not over."""
+    return slot.stalled_until is not None and slot.stalled_until > now
+
+
 class StateMachine:
     """Events in, actions out. See the module docstring for the guarantees."""
 
@@ -186,9 +197,9 @@ class StateMachine:
             reclaim_at = self._reclaim_deadline(slot, head)
             if reclaim_at is not None:
                 deadlines.append(reclaim_at)
-            if (slot.pipelining and head.pipelinable and not head.read_checked
-                    and head.started is not None):
-                deadlines.append(head.started + UNREAD_AFTER_SECONDS)
+            unread_at = self._unread_deadline(slot, head)
+            if unread_at is not None:
+                deadlines.append(unread_at)
         return min(deadlines, default=None)
 
     # -- transitions ------------------------------------------------------------------------
@@ -401,15 +412,11 @@ class StateMachine:
         self._move_slot(slot, SlotState.EMPTY)  # (refilled like any empty slot, when tried)
         if self._start_retry_at is None:  # the first refusal of this round of starts
             self.refused_starts += 1
-            delay = min(START_RETRY_FIRST_SECONDS * 2 ** min(self.refused_starts - 1, 30),
-                        START_RETRY_MAX_SECONDS)
-            self._start_retry_at = self._clock() + delay
+            self._start_retry_at = self._clock() + _doubling(
+                START_RETRY_FIRST_SECONDS, self.refused_starts, START_RETRY_MAX_SECONDS)
         actions: list[Action] = []
         if self.refused_starts >= MAX_REFUSED_STARTS and not self._could_take_queued():
-            while self._queue:
-                task_id = self._queue.popleft()
-                self._move_task(self._tasks[task_id], TaskState.FAILED)
-                actions.append(FailRefused(task_id))
+            actions = self._fail_queue(FailRefused)
         return actions + self._schedule()
 
     def _could_take_queued(self) -> bool:
@@ -557,8 +564,8 @@ class StateMachine:
         actions = self._requeue(task_ids)
         if head_taken and checking_read:  # sent long ago, and still not read: stalled
             slot.stalls += 1
-            slot.stalled_until = self._clock() + min(
-                STALL_FIRST_SECONDS * 2 ** min(slot.stalls - 1, 30), STALL_MAX_SECONDS)
+            slot.stalled_until = self._clock() + _doubling(
+                STALL_FIRST_SECONDS, slot.stalls, STALL_MAX_SECONDS)
         if head_taken and slot.in_flight:
             actions += self._start_running(slot, self._tasks[slot.in_flight[0]])
         if (slot.state is SlotState.RETIRING and not self._quota_used(slot)
@@ -580,9 +587,8 @@ class StateMachine:
                 actions.append(Reclaim(slot.index))
         unstalled = False
         for slot, task in self._timed_running():
-            if (slot.pipelining and task.pipelinable and not task.read_checked
-                    and task.started is not None
-                    and task.started + UNREAD_AFTER_SECONDS <= now):
+            unread_at = self._unread_deadline(slot, task)
+            if unread_at is not None and unread_at <= now:
                 # Has its worker begun to read it? A Reclaim takes it back if not.
                 task.read_checked = slot.checking_read = True
                 actions.append(Reclaim(slot.index))
@@ -639,6 +645,16 @@ class StateMachine:
             return head.started + RECLAIM_AFTER_SECONDS
         return None
 
+    @staticmethod
+    def _unread_deadline(slot: Slot, head: Task) -> float | None:
+        """When to check that the worker began to read ``head``, the task it runs; None
+        if that was done, or cannot be: only a one-packet frame can be taken back whole,
+        and only from a pipe with packets."""
+        if slot.pipelining and head.pipelinable and not head.read_checked and (
+                head.started is not None):
+            return head.started + UNREAD_AFTER_SECONDS
+        return None
+
     def _quota_used(self, slot: Slot) -> bool:
         return self._max_tasks is not None and slot.assigned_count >= self._max_tasks
 
@@ -684,12 +700,14 @@ class StateMachine:
         self._move_life(PoolLife.BROKEN)
         return [Broken()] + self._fail_queue()
 
-    def _fail_queue(self) -> list[Action]:
+    def _fail_queue(self, failure: type[FailBroken | FailRefused] = FailBroken
+                    ) -> list[Action]:
+        """Fail every queued task with ``failure`` (the pool broke, or no worker can start)."""
         actions: list[Action] = []
         while self._queue:
             task_id = self._queue.popleft()
             self._move_task(self._tasks[task_id], TaskState.FAILED)
-            actions.append(FailBroken(task_id))
+            actions.append(failure(task_id))
         return actions
 
     def _schedule(self) -> list[Action]:
@@ -731,8 +749,7 @@ class StateMachine:
         task is small and not running long. (One pass: this runs for every task.)"""
         best: Slot | None = None
         for slot in self.slots:
-            if slot.state is not SlotState.READY or (
-                    slot.stalled_until is not None and slot.stalled_until > now):
+            if slot.state is not SlotState.READY or _stalled(slot, now):
                 continue
             if not slot.in_flight:
                 return slot
@@ -760,6 +777,7 @@ class StateMachine:
             return []
         actions: list[Action] = []
         capacity = 0  # places where a queued task could start soon
+        now = self._clock()
         for slot in self.slots:
             if (slot.state is SlotState.EMPTY and self.life is PoolLife.OPEN
                     and not slot.idled_out):
@@ -771,7 +789,7 @@ class StateMachine:
                     return actions
             if slot.state is SlotState.STARTING or (
                     slot.state is SlotState.READY and not slot.in_flight
-                    and (slot.stalled_until is None or slot.stalled_until <= self._clock())):
+                    and not _stalled(slot, now)):
                 capacity += 1  # (a stalled worker is none: it does not read what it gets)
         if len(self._queue) <= capacity:
             return actions

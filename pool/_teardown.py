@@ -31,15 +31,22 @@ def signal_worker(pid: int, signum: int) -> None:
             pass  # a setuid program in the group; the worker itself is still signalled
 
 
-def still_running(pid: int) -> bool:
-    """The process exists and is not a zombie (Linux, from /proc; False where there is no
-    /proc: unknown)."""
+def _stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state, ppid, pgrp...);
+    None if there is no such process (or no /proc)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
-        return False
-    return stat[stat.rindex(b")") + 2:].split()[0] != b"Z"
+        return None
+    return stat[stat.rindex(b")") + 2:].split()
+
+
+def still_running(pid: int) -> bool:
+    """The process exists and is not a zombie (Linux, from /proc; False where there is no
+    /proc: unknown)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] != b"Z"
 
 
 def live_group_members(pgid: int) -> list[int]:
@@ -62,13 +69,8 @@ def live_group_members(pgid: int) -> list[int]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(b")") + 2:].split()
-        if fields[0] != b"Z" and int(fields[2]) == pgid:
+        fields = _stat_fields(int(entry))
+        if fields is not None and fields[0] != b"Z" and int(fields[2]) == pgid:
             members.append(int(entry))
     return members
 
