@@ -7,7 +7,8 @@ Swap ``from concurrent.futures import ProcessPoolExecutor`` for
 The modules, by role (each opens with what it owns, runs in, guarantees and assumes):
 
 - the API: ``_executor`` (``ProcessPool``), ``_mapping`` (``map``), ``_aio`` (asyncio),
-  ``_progress``, ``_stats``, ``_shared`` (``pool.shared()``), ``_futures`` (``PoolFuture``
+  ``_progress``, ``_stats``, ``_shared`` (``pool.shared()``), ``_patch`` (``pool.patch()``,
+  and the start-up hook of ``python -m pool run`` in ``_startup``), ``_futures`` (``PoolFuture``
   and the latches callers wait on), ``_errors``; ``dask`` (optional, never imported here);
 - the dispatcher thread: ``_dispatcher`` (the loop, its picture at the top), ``_commands``
   (what callers hand it), ``_wakeup``, ``_outcomes`` (how futures end), ``_exit``
@@ -20,13 +21,15 @@ The modules, by role (each opens with what it owns, runs in, guarantees and assu
   ``_pickling`` (what crosses, and what cannot), ``_limits`` (the sizes that depend on each
   other, in one table);
 - in the worker process: ``_worker``;
-- the command line: ``_cli`` and the ``_cli_*`` modules, ``_demo``.
+- the command line: ``_cli`` and the ``_cli_*`` modules (``_cli_program``: ``run``),
+  ``_demo``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+# (Not typing's TYPE_CHECKING: importing typing would cost every process that imports
+# pool, and the start-up hook of ``python -m pool run`` runs in every Python it reaches.)
+TYPE_CHECKING = False
 if TYPE_CHECKING:  # what type checkers see; at run time these load on first use (below)
     from ._aio import as_completed_async, to_process
     from ._errors import (ArgumentPicklingError, ArgumentUnpicklingError, InitializerError,
@@ -35,6 +38,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time these load on first use
                           WorkerStartRefused, WorkerTerminated)
     from ._executor import ProcessPool, ProcessPoolExecutor
     from ._futures import PoolFuture
+    from ._patch import Patch, patch
     from ._progress import as_completed
     from ._shared import Lease, shared
     from ._stats import PoolStats, WorkerStats
@@ -52,13 +56,14 @@ _LAZY = {
     "as_completed_async": "_aio", "to_process": "_aio",
     "ProcessPool": "_executor", "ProcessPoolExecutor": "_executor",
     "PoolFuture": "_futures",
+    "Patch": "_patch", "patch": "_patch",
     "as_completed": "_progress",
     "Lease": "_shared", "shared": "_shared",
     "PoolStats": "_stats", "WorkerStats": "_stats",
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     import importlib
     module_name = _LAZY.get(name)
     if module_name is not None:
@@ -90,6 +95,8 @@ __all__ = [
     "WorkerStats",
     "shared",
     "Lease",
+    "patch",
+    "Patch",
     "WorkerDied",
     "TaskTimeout",
     "WorkerTerminated",

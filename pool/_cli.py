@@ -1,5 +1,6 @@
-"""``python -m pool``: the demo, and ``map``, which calls a Python function over inputs from
-the command line, for shell pipelines.
+"""``python -m pool``: the demo; ``map``, which calls a Python function over inputs from
+the command line, for shell pipelines; and ``run`` (``_cli_program``), which runs a program
+with its process pools on pool.
 
 Runs in: the main thread of a command-line process. Owns the standard descriptors,
 opening the input and the job log, and the exit status (ending by the stop signal where
@@ -45,8 +46,13 @@ _SIGNAL_OF_STATUS = {128 + signum: signum for signum in
 
 
 def _command(argv: Sequence[str] | None) -> int:
-    closed = _fill_closed_standard_fds()
     arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["run"]:
+        # (Before anything else: the program gets the process as it was, closed
+        # descriptors included; everything after PROGRAM is its own.)
+        from ._cli_program import run_program
+        return run_program(arguments[1:])
+    closed = _fill_closed_standard_fds()
     command_parser, map_parser = build_parsers()
     if arguments[:1] == ["map"]:
         # Inputs may come before or after options (``map f --tag a b``, ``map f a --tag``).

@@ -289,6 +289,10 @@ examples:
                         help="inputs read ahead of the output (default: 1000, or 4 per "
                              "worker per chunk if more)")
     tuning.add_argument("--start-method", choices=multiprocessing.get_all_start_methods())
+    # (Only for --help: ``run`` is parsed by _cli_program, since everything after its
+    # PROGRAM belongs to the program.)
+    commands.add_parser("run", add_help=False,
+                        help="run a program with its process pools on pool (run --help)")
     return parser, run
 
 

@@ -10,7 +10,7 @@ import pool
 from helpers import REPO_DIR
 
 PUBLIC = ["ProcessPool", "ProcessPoolExecutor", "PoolFuture", "PoolStats", "WorkerStats",
-          "as_completed", "as_completed_async", "to_process", "shared", "Lease",
+          "as_completed", "as_completed_async", "to_process", "shared", "Lease", "patch", "Patch",
           "SharedPoolConflict", "WorkerDied", "TaskTimeout",
           "WorkerTerminated", "InitializerError", "WorkerStartRefused",
           "PoolInternalError", "WorkerProtocolError", "RemoteTaskError", "ResultTransferError",

@@ -1,0 +1,139 @@
+"""``python -m pool run``: runs a program with ``pool.patch()`` in effect in it and in the
+Python processes it starts, so that the process pools a library builds for itself (black,
+compileall, tqdm, dask) are pool's.
+
+Runs in: the main thread of the command-line process, which it replaces (``exec``): the
+program keeps the pid, the standard descriptors, the signals and the exit status, as if it
+had been started directly.
+Guarantees: the program starts with ``pool/_startup`` first on ``PYTHONPATH`` and
+``POOL_PATCH`` naming this interpreter; its start-up hook (``sitecustomize`` there)
+patches every process of this interpreter that inherits them, and says so on standard
+error when the program itself turns out to run on another Python.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from typing import Sequence
+
+from ._cli_options import EXIT_USAGE, flush_quietly
+from ._patch import ENVIRONMENT_VARIABLE, interpreter_key
+
+USAGE = """\
+usage: python -m pool run [--] PROGRAM [ARGS ...]
+       python -m pool run -m MODULE [ARGS ...]
+       python -m pool run -c CODE [ARGS ...]
+
+Runs a Python program, module or command with concurrent.futures.ProcessPoolExecutor
+replaced by pool's (pool.patch()), in its own process and in every process it starts
+with this Python (this interpreter, in this environment) that inherits its environment:
+libraries that build their own process pools get pool's, where a worker's death fails
+one task with an explained error instead of breaking the pool.
+
+PROGRAM is run by this Python when it ends in .py, .pyw or .pyz or is a directory (as
+"python PROGRAM" would); otherwise it is an executable, by its path if it holds a "/",
+else found on PATH (a console script such as black, or any program that starts Python).
+The program's exit status is the command's (127: PROGRAM not found, 126: not runnable).
+
+It cannot reach code that imported the class before the patch, processes started with
+another Python or with an environment of their own (python -E or -I, env -i), or pools
+that are not concurrent.futures ones (multiprocessing.Pool, joblib, loky).
+
+examples:
+  python -m pool run -m compileall -j 2 src/
+  python -m pool run black --workers 2 src/
+  python -m pool run ./report.py --input data.csv
+"""
+
+EXIT_NOT_FOUND = 127     # (as a shell says it)
+EXIT_NOT_RUNNABLE = 126
+
+# Variable the start-up hook reads to know the process it runs in is the program itself
+# (the same pid, across ``exec``), to say when that program is not this interpreter.
+PROGRAM_PID_VARIABLE = "POOL_RUN_PID"
+
+STARTUP_DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_startup")
+_PYTHON_SUFFIXES = (".py", ".pyw", ".pyz")
+# Interpreter flags that would keep the program from reading the environment or running
+# the start-up hook: the rest (-X dev, -W, -O, ...) are passed on.
+_FLAGS_NOT_PASSED = ("-E", "-I", "-S")
+
+
+def run_program(arguments: Sequence[str]) -> int:
+    """Replaces this process with the program; returns (an exit status) only if it cannot
+    be started."""
+    arguments = list(arguments)
+    if not arguments or arguments[0] in ("-h", "--help"):
+        (sys.stdout if arguments else sys.stderr).write(USAGE)
+        return 0 if arguments else EXIT_USAGE
+    first = arguments[0]
+    if first in ("-m", "-c") or first.startswith(("-m", "-c")) and len(first) > 2:
+        option, value = first[:2], first[2:]
+        rest = arguments[1:]
+        if not value:
+            if not rest:
+                return _usage(f"{option} needs a {'MODULE' if option == '-m' else 'CODE'}")
+            value, rest = rest[0], rest[1:]
+        return _exec(sys.executable, [sys.executable, *_flags(), option, value, *rest])
+    if first == "--":
+        arguments = arguments[1:]
+        if not arguments:
+            return _usage("-- needs a PROGRAM after it")
+    elif first.startswith("-"):
+        return _usage(f"unknown option {first} (put -- before a PROGRAM that starts with -)")
+    program, rest = arguments[0], arguments[1:]
+    if program.endswith(_PYTHON_SUFFIXES) or os.path.isdir(program):
+        return _exec(sys.executable, [sys.executable, *_flags(), program, *rest])
+    path = program if os.sep in program else shutil.which(program)
+    if path is None or not os.path.exists(path):
+        _say(f"python -m pool run: {program}: command not found")
+        return EXIT_NOT_FOUND
+    return _exec(path, [program, *rest])
+
+
+def _exec(path: str, argv: list[str]) -> int:
+    environment = dict(os.environ)
+    # (Put first, once: a pool run inside a pool run does not grow the path.)
+    others = [entry for entry in environment.get("PYTHONPATH", "").split(os.pathsep)
+              if entry and os.path.abspath(entry) != STARTUP_DIRECTORY]
+    environment["PYTHONPATH"] = os.pathsep.join([STARTUP_DIRECTORY, *others])
+    environment[ENVIRONMENT_VARIABLE] = interpreter_key()
+    environment[PROGRAM_PID_VARIABLE] = str(os.getpid())
+    for stream in (sys.stdout, sys.stderr):
+        flush_quietly(stream)
+    # What Python set for itself goes back to what a program started from a shell has:
+    # SIGPIPE and SIGXFSZ ignored (subprocess restores them too). (Handled signals, as
+    # SIGINT, are reset by exec itself; an ignored SIGINT stays ignored, as it should.)
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        signum = getattr(signal, name, None)
+        if signum is not None:
+            signal.signal(signum, signal.SIG_DFL)
+    try:
+        os.execve(path, argv, environment)
+    except OSError as exc:
+        _say(f"python -m pool run: {argv[0]}: {exc.strerror}")
+        return EXIT_NOT_RUNNABLE
+    raise AssertionError("execve returned")   # (it only returns by raising)
+
+
+def _flags() -> list[str]:
+    """This interpreter's command-line flags, for the program run by it."""
+    flags: list[str] = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+    return [flag for flag in flags if flag not in _FLAGS_NOT_PASSED]
+
+
+def _usage(message: str) -> int:
+    _say(f"python -m pool run: error: {message}\n(python -m pool run --help shows how)")
+    return EXIT_USAGE
+
+
+def _say(text: str) -> None:
+    try:
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+    except Exception:
+        pass

@@ -1,0 +1,202 @@
+"""``pool.patch()``: ``concurrent.futures.ProcessPoolExecutor`` becomes pool's class, for
+code that looks the name up afterwards (libraries that build their own pools: black,
+compileall, tqdm, dask), and the start-up hook ``python -m pool run`` relies on.
+
+Owns: the two names ``concurrent.futures.ProcessPoolExecutor`` and
+``concurrent.futures.process.ProcessPoolExecutor`` while patched, and what they held before.
+Runs in: any thread of any process (under one lock); the hook at interpreter start-up,
+from ``pool/_startup/sitecustomize.py``.
+Guarantees: both names give ``pool.ProcessPoolExecutor`` while any ``Patch`` is active,
+and what they gave before once the last is undone. Patching imports nothing of the
+executor: the class is imported at the first lookup of a name (a start-up hook in every
+Python process of a ``pool run`` must cost nothing to one that starts no pool, and
+``pool._errors`` itself imports ``concurrent.futures.process``: importing the executor
+while that import is under way would be a cycle).
+Assumes: ``concurrent.futures`` looks ``ProcessPoolExecutor`` up in ``.process`` on first
+use and keeps it as a global (its module ``__getattr__``, 3.7 and later); ``.process``
+has no ``__getattr__`` of its own (it has none on 3.11–3.14: one would be chained).
+"""
+
+from __future__ import annotations
+
+import sys
+from _thread import allocate_lock
+from types import ModuleType
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:   # (typing and threading are not imported at start-up: see above)
+    from types import TracebackType
+    from typing import Any, Callable
+
+NAME = "ProcessPoolExecutor"
+PROCESS_MODULE = "concurrent.futures.process"
+PACKAGE = "concurrent.futures"
+
+# What ``python -m pool run`` sets for the programs it runs, and the start-up hook reads:
+# the interpreter that should patch itself, as ``major.minor:sys.prefix`` (another Python
+# that inherits the variable, another version or another environment, does nothing).
+ENVIRONMENT_VARIABLE = "POOL_PATCH"
+
+_lock = allocate_lock()
+_depth = 0              # active Patch handles (nested patch() calls undo in turn)
+_saved: dict[str, Any] = {}
+_MISSING = object()
+
+
+class Patch:
+    """What ``pool.patch()`` returns: ``undo()`` gives back what the two names held (once
+    every other active ``Patch`` is undone too); as a context manager, leaving the block
+    undoes it. Undoing twice does nothing the second time."""
+
+    __slots__ = ("_active",)
+
+    def __init__(self) -> None:
+        self._active = True
+
+    def undo(self) -> None:
+        """Undoes this patch."""
+        global _depth
+        with _lock:
+            if not self._active:
+                return
+            self._active = False
+            _depth -= 1
+            if _depth == 0:
+                _restore()
+
+    def __enter__(self) -> Patch:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.undo()
+
+    def __repr__(self) -> str:
+        return f"<pool.Patch {'active' if self._active else 'undone'}>"
+
+
+def patch() -> Patch:
+    """Makes ``concurrent.futures.ProcessPoolExecutor`` and
+    ``concurrent.futures.process.ProcessPoolExecutor`` name ``pool.ProcessPoolExecutor``
+    for every lookup from now on, in this process, until the returned ``Patch`` is undone.
+
+    It reaches code that looks the class up after the call: ``from concurrent.futures
+    import ProcessPoolExecutor`` run later (inside a function, or in a module imported
+    later), ``concurrent.futures.ProcessPoolExecutor(...)`` and subclasses defined later.
+    It cannot reach a name bound before (a module that imported the class already keeps
+    the stdlib's), other processes (``python -m pool run`` reaches those), or pools that
+    are not ``concurrent.futures`` ones (``multiprocessing.Pool``, loky, joblib).
+    """
+    import concurrent.futures.process as process_module
+    return _patch(process_module)
+
+
+def _patch(process_module: ModuleType) -> Patch:
+    global _depth
+    with _lock:
+        if _depth == 0:
+            _take_over(process_module)
+        _depth += 1
+    return Patch()
+
+
+def _take_over(process_module: ModuleType) -> None:
+    """Points both names at pool's class, resolved at their first lookup. (Under _lock.)"""
+    package = sys.modules[PACKAGE]
+    _saved.clear()
+    _saved["module"] = process_module
+    _saved["class"] = process_module.__dict__.get(NAME, _MISSING)
+    _saved["package"] = package.__dict__.get(NAME, _MISSING)
+    _saved["getattr"] = process_module.__dict__.get("__getattr__", _MISSING)
+    previous = _saved["getattr"]
+
+    def __getattr__(name: str) -> Any:
+        # (Only names the module does not hold come here: ProcessPoolExecutor, once.)
+        if name == NAME:
+            from ._executor import ProcessPoolExecutor
+            setattr(process_module, NAME, ProcessPoolExecutor)  # (lookups stop coming here)
+            return ProcessPoolExecutor
+        if previous is not _MISSING:
+            return previous(name)
+        raise AttributeError(f"module {PROCESS_MODULE!r} has no attribute {name!r}")
+
+    process_module.__dict__.pop(NAME, None)
+    process_module.__dict__["__getattr__"] = __getattr__
+    # The package's global, if it was looked up already, is looked up again: through
+    # the package's own __getattr__, from .process, so from the function above.
+    package.__dict__.pop(NAME, None)
+    _saved["ours"] = __getattr__
+
+
+def _restore() -> None:
+    """Gives both names back what they held before the first patch. (Under _lock.)"""
+    process_module = _saved["module"]
+    package = sys.modules[PACKAGE]
+    if process_module.__dict__.get("__getattr__") is _saved["ours"]:
+        if _saved["getattr"] is _MISSING:
+            del process_module.__dict__["__getattr__"]
+        else:
+            process_module.__dict__["__getattr__"] = _saved["getattr"]
+    for module, key in ((process_module, "class"), (package, "package")):
+        if _saved[key] is _MISSING:
+            module.__dict__.pop(NAME, None)
+        else:
+            module.__dict__[NAME] = _saved[key]
+    _saved.clear()
+
+
+# -- the start-up hook -----------------------------------------------------------------
+
+def interpreter_key() -> str:
+    """This interpreter, as ``ENVIRONMENT_VARIABLE`` names the one to patch."""
+    return f"{sys.version_info[0]}.{sys.version_info[1]}:{sys.prefix}"
+
+
+def patch_at_startup() -> None:
+    """Patches this process for good: at once if ``concurrent.futures.process`` is
+    imported already, else when it is imported. (The start-up hook calls it in every
+    Python process ``python -m pool run`` reaches, once it has seen that
+    ``ENVIRONMENT_VARIABLE`` names this interpreter.)"""
+    if PROCESS_MODULE in sys.modules:
+        patch()
+    else:
+        sys.meta_path.insert(0, _PatchWhenImported())
+
+
+class _PatchWhenImported:
+    """A meta path finder that finds nothing itself: it lets the other finders find
+    ``concurrent.futures.process`` and patches the module once its code has run, then
+    steps out of the import system and out of the module's loader."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != PROCESS_MODULE:
+            return None
+        sys.meta_path.remove(self)
+        from importlib.util import find_spec
+        spec = find_spec(name)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _LoaderThenPatch(spec.loader)  # type: ignore[assignment]
+        return spec
+
+
+class _LoaderThenPatch:
+    """The module's own loader, then ``patch()``; the module keeps its own loader."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: Any) -> ModuleType | None:
+        created: Callable[[Any], ModuleType | None] | None = getattr(
+            self._loader, "create_module", None)
+        return None if created is None else created(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        _patch(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)

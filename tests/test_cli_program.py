@@ -1,0 +1,192 @@
+"""``python -m pool run``: the program runs in the command's own process (exec), with its
+process pools on pool there and in the processes it starts with this Python; exit
+statuses, signals and errors are the program's, or a shell's where there is no program."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pool import _patch
+
+RUN = [sys.executable, "-m", "pool", "run"]
+
+# A script that says, as JSON, what it is: its pid, argv, whether its pools are pool's,
+# and the same for a child of this Python started with subprocess and one started by
+# multiprocessing's spawn.
+REPORTER = """
+import json, multiprocessing, os, subprocess, sys
+
+def patched():
+    import concurrent.futures
+    return concurrent.futures.ProcessPoolExecutor.__module__ == "pool._executor"
+
+def report_into(queue):
+    queue.put(patched())
+
+if __name__ == "__main__":
+    child = subprocess.run(
+        [sys.executable, "-c", "import concurrent.futures as f; "
+         "print(f.ProcessPoolExecutor.__module__)"], capture_output=True, text=True)
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=report_into, args=(queue,))
+    process.start()
+    spawned = queue.get(timeout=60)
+    process.join()
+    print(json.dumps(dict(pid=os.getpid(), argv=sys.argv[1:], patched=patched(),
+                          child=child.stdout.strip() == "pool._executor", spawned=spawned,
+                          dev_mode=sys.flags.dev_mode,
+                          pythonpath=os.environ.get("PYTHONPATH", ""))))
+    sys.exit(int(os.environ.get("EXIT_WITH", "0")))
+"""
+
+
+def start(arguments: list[str], tmp_path: Path, *, prefix: list[str] | None = None,
+          **environment: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([*(prefix or RUN), *arguments], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
+                            env=dict(os.environ, **environment))
+
+
+def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, out, err
+
+
+@pytest.fixture
+def reporter(tmp_path: Path) -> Path:
+    script = tmp_path / "reporter.py"
+    script.write_text(REPORTER)
+    return script
+
+
+def test_a_script_runs_patched_in_the_commands_own_process_with_its_children(
+        tmp_path, reporter):
+    proc = start([str(reporter), "a", "--flag"], tmp_path, EXIT_WITH="7",
+                 PYTHONPATH="/users/own/path")
+    status, out, err = finish(proc)
+    facts = json.loads(out)
+    assert status == 7, err
+    assert facts["pid"] == proc.pid                    # exec: no process in between
+    assert facts["argv"] == ["a", "--flag"]
+    assert (facts["patched"], facts["child"], facts["spawned"]) == (True, True, True)
+    assert facts["pythonpath"].split(os.pathsep)[1:] == ["/users/own/path"]
+    assert err == ""
+
+
+def test_a_module_and_code_run_patched_with_the_interpreters_flags(tmp_path, reporter):
+    status, out, err = finish(start(["-m", "reporter", "x"], tmp_path,
+                                    prefix=[sys.executable, "-X", "dev", "-m", "pool", "run"]))
+    facts = json.loads(out)
+    assert status == 0, err
+    assert facts["argv"] == ["x"] and facts["patched"] and facts["dev_mode"]
+    status, out, err = finish(start(
+        ["-c", "import sys, concurrent.futures as f; "
+               "print(sys.argv, f.ProcessPoolExecutor.__module__)", "y"], tmp_path))
+    assert (status, out) == (0, "['-c', 'y'] pool._executor\n"), err
+
+
+def test_a_program_on_path_runs_patched_and_so_do_the_pythons_a_shell_program_starts(
+        tmp_path, reporter):
+    bin_directory = tmp_path / "bin"
+    bin_directory.mkdir()
+    console_script = bin_directory / "report-tool"   # as pip writes one
+    console_script.write_text(f"#!{sys.executable}\n" + REPORTER)
+    shell_script = bin_directory / "report-twice.sh"
+    shell_script.write_text(f'#!/bin/sh\n"{sys.executable}" "{reporter}" "$@"\n')
+    for script in (console_script, shell_script):
+        script.chmod(0o755)
+    path = f"{bin_directory}{os.pathsep}{os.environ['PATH']}"
+    for program in ("report-tool", "report-twice.sh"):
+        status, out, err = finish(start([program, "z"], tmp_path, PATH=path))
+        facts = json.loads(out)
+        assert status == 0, err
+        assert (facts["argv"], facts["patched"], facts["child"]) == (["z"], True, True)
+
+
+def test_a_nested_run_does_not_grow_the_path(tmp_path, reporter):
+    status, out, err = finish(start([*RUN, str(reporter)], tmp_path))
+    assert status == 0, err
+    facts = json.loads(out)
+    assert facts["patched"] and len(facts["pythonpath"].split(os.pathsep)) == 1
+
+
+def test_a_program_on_another_python_is_told_its_pools_are_not_pools(tmp_path):
+    # (Another interpreter, as POOL_PATCH sees it: this one with another key. The program
+    # is the process of the pid pool run had; exec keeps it, as `exec` in sh does.)
+    code = textwrap.dedent("""
+        import subprocess, sys
+        subprocess.run([sys.executable, "-c", "pass"])   # (a child says nothing)
+        import concurrent.futures as f
+        print(f.ProcessPoolExecutor.__module__)
+        """)
+    proc = subprocess.run(
+        ["sh", "-c", f'POOL_RUN_PID=$$ exec "{sys.executable}" -c \'{code}\''],
+        capture_output=True, text=True, timeout=60, env=dict(
+            os.environ, PYTHONPATH=str(Path(_patch.__file__).parent / "_startup"),
+            POOL_PATCH="3.0:/another/python"))
+    assert proc.stdout == "concurrent.futures.process\n"
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"pool: this program runs on {sys.executable} (Python ")
+    assert lines[0].endswith("not on the Python that ran python -m pool run "
+                             "(3.0:/another/python): its process pools are not pool's")
+
+
+def test_the_program_gets_the_signals_a_shell_would_give_it(tmp_path):
+    # Python ignores SIGPIPE for itself; a program run by pool run must not inherit that
+    # (`yes | head` would end with an error instead of by the signal).
+    status, out, err = finish(start(["--", "grep", "^SigIgn:", "/proc/self/status"],
+                                    tmp_path))
+    assert status == 0, err
+    ignored = int(out.split()[1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1))
+    assert not ignored & (1 << (signal.SIGXFSZ - 1))
+
+
+def test_ctrl_c_reaches_the_program_itself(tmp_path):
+    proc = start(["-c", "import time; print('ready', flush=True); time.sleep(60)"], tmp_path)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGINT)
+    status, _, err = finish(proc)
+    assert status == -signal.SIGINT and "KeyboardInterrupt" in err
+
+
+@pytest.mark.parametrize("arguments, status, message", [
+    ([], 255, "usage: python -m pool run [--] PROGRAM"),
+    (["-m"], 255, "python -m pool run: error: -m needs a MODULE"),
+    (["--"], 255, "python -m pool run: error: -- needs a PROGRAM"),
+    (["--frobnicate"], 255, "unknown option --frobnicate (put -- before a PROGRAM"),
+    (["no-such-program-here"], 127, "python -m pool run: no-such-program-here: command "
+                                    "not found"),
+    (["./not-executable"], 126, "python -m pool run: ./not-executable: Permission denied"),
+])
+def test_what_cannot_run_is_said_with_a_shells_status(arguments, status, message, tmp_path):
+    (tmp_path / "not-executable").write_text("echo hi\n")
+    got, out, err = finish(start(arguments, tmp_path))
+    assert got == status and out == ""
+    assert message in err
+
+
+def test_help_says_how_and_what_it_cannot_reach(tmp_path):
+    status, out, err = finish(start(["--help"], tmp_path))
+    assert status == 0 and err == ""
+    assert out.startswith("usage: python -m pool run [--] PROGRAM [ARGS ...]")
+    assert "multiprocessing.Pool" in out
+    listed = subprocess.run([sys.executable, "-m", "pool", "--help"], capture_output=True,
+                            text=True, timeout=60)
+    assert "run a program with its process pools on pool" in listed.stdout

@@ -1,0 +1,223 @@
+"""``pool.patch()`` and the start-up hook ``python -m pool run`` sets up: which names it
+changes, what undoing gives back, and that patching imports nothing until the class is
+looked up. (``python -m pool run`` itself: test_cli_program.py.)"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import concurrent.futures.process as process_module
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import pool
+from pool import _patch
+
+STDLIB_CLASS = process_module.ProcessPoolExecutor
+STARTUP_DIRECTORY = str(Path(pool.__file__).parent / "_startup")
+
+
+def stdlib_names() -> tuple[object, object]:
+    return concurrent.futures.ProcessPoolExecutor, process_module.ProcessPoolExecutor
+
+
+def test_patch_gives_both_names_pools_class_and_undo_gives_them_back():
+    assert stdlib_names() == (STDLIB_CLASS, STDLIB_CLASS)
+    patched = pool.patch()
+    try:
+        assert stdlib_names() == (pool.ProcessPoolExecutor, pool.ProcessPoolExecutor)
+        from concurrent.futures import ProcessPoolExecutor
+        assert ProcessPoolExecutor is pool.ProcessPoolExecutor
+
+        class Subclass(concurrent.futures.ProcessPoolExecutor):
+            pass
+        assert issubclass(Subclass, pool.ProcessPoolExecutor)
+    finally:
+        patched.undo()
+    assert stdlib_names() == (STDLIB_CLASS, STDLIB_CLASS)
+    assert "__getattr__" not in vars(process_module)   # nothing of the patch is left
+    assert repr(patched) == "<pool.Patch undone>"
+
+
+def test_nested_patches_undo_in_turn_and_undoing_twice_does_nothing():
+    with pool.patch() as outer:
+        inner = pool.patch()
+        inner.undo()
+        inner.undo()
+        assert stdlib_names() == (pool.ProcessPoolExecutor, pool.ProcessPoolExecutor)
+        assert repr(outer) == "<pool.Patch active>"
+    assert stdlib_names() == (STDLIB_CLASS, STDLIB_CLASS)
+    outer.undo()
+    assert stdlib_names() == (STDLIB_CLASS, STDLIB_CLASS)
+
+
+def test_a_name_bound_before_the_patch_keeps_the_stdlib_class():
+    from concurrent.futures import ProcessPoolExecutor as bound_before
+    with pool.patch():
+        assert bound_before is STDLIB_CLASS
+
+
+def test_a_patched_pool_is_pools(tmp_path):
+    # What a library that builds its own pool gets: a worker's death fails one task.
+    proc = run_python(f"""
+        import concurrent.futures, os, signal
+        import pool
+
+        def work(n):
+            if n == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return n
+
+        if __name__ == "__main__":
+            pool.patch()
+            with concurrent.futures.ProcessPoolExecutor(2) as executor:
+                futures = [executor.submit(work, n) for n in range(4)]
+                for future in futures:
+                    exc = future.exception()
+                    print(type(exc).__name__ if exc else future.result())
+        """, tmp_path)
+    assert proc.stdout.split() == ["0", "WorkerDied", "2", "3"], proc.stderr
+
+
+def run_python(code: str, tmp_path: Path, *, hook: bool = False,
+               key: str | None = None, pythonpath: list[str] | None = None
+               ) -> subprocess.CompletedProcess[str]:
+    """Runs ``code`` as a script in a child interpreter; with ``hook``, as ``python -m
+    pool run`` starts one (the start-up directory first on PYTHONPATH, POOL_PATCH set)."""
+    script = tmp_path / "script.py"
+    script.write_text(textwrap.dedent(code))
+    environment = dict(os.environ)
+    environment.pop(_patch.ENVIRONMENT_VARIABLE, None)
+    if hook:
+        environment["PYTHONPATH"] = os.pathsep.join([STARTUP_DIRECTORY, *(pythonpath or [])])
+        environment[_patch.ENVIRONMENT_VARIABLE] = key or _patch.interpreter_key()
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=60, cwd=str(tmp_path), env=environment)
+
+
+FACTS = """
+    import json, sys
+    def facts(**more):
+        import concurrent.futures.process as process_module
+        print(json.dumps(dict(more,
+            patched=process_module.ProcessPoolExecutor.__module__ == "pool._executor",
+            executor_imported="pool._executor" in sys.modules,
+            startup_on_path=any(entry.endswith("_startup") for entry in sys.path),
+            finder_left=any(type(finder).__name__ == "_PatchWhenImported"
+                            for finder in sys.meta_path),
+            loader=type(process_module.__loader__).__name__,
+            sitecustomize=getattr(sys.modules.get("sitecustomize"), "__file__", None))))
+"""
+
+
+def with_facts(code: str) -> str:
+    return textwrap.dedent(FACTS) + textwrap.dedent(code)
+
+
+def test_the_startup_hook_patches_when_the_module_is_imported_and_imports_nothing_before(
+        tmp_path):
+    proc = run_python(with_facts("""
+        before = "concurrent.futures.process" in sys.modules
+        import concurrent.futures.process
+        imported = "pool._executor" in sys.modules
+        facts(before=before, imported=imported)
+        """), tmp_path, hook=True)
+    facts = json.loads(proc.stdout)
+    assert facts == dict(facts, before=False, imported=False, patched=True,
+                         executor_imported=True, startup_on_path=False, finder_left=False,
+                         loader="SourceFileLoader"), proc.stderr
+    assert proc.stderr == ""
+
+
+def test_the_startup_hook_lets_pool_import_its_errors_first(tmp_path):
+    # pool._errors imports concurrent.futures.process: the patch must not import the
+    # executor (which needs pool._errors) while that import is under way.
+    proc = run_python("""
+        import pool
+        print(pool.WorkerDied.__mro__[1].__name__)
+        import concurrent.futures
+        print(concurrent.futures.ProcessPoolExecutor is pool.ProcessPoolExecutor)
+        """, tmp_path, hook=True)
+    assert proc.stdout.split() == ["BrokenProcessPool", "True"], proc.stderr
+
+
+def test_the_startup_hook_does_nothing_for_another_interpreter(tmp_path):
+    proc = run_python(with_facts("facts()"), tmp_path, hook=True,
+                      key=f"{sys.version_info[0]}.{sys.version_info[1]}:/another/prefix")
+    facts = json.loads(proc.stdout)
+    assert (facts["patched"], facts["finder_left"], facts["startup_on_path"]) == (
+        False, False, False)
+    assert proc.stderr == ""
+
+
+def test_the_startup_hook_runs_the_sitecustomize_it_shadows(tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("import sys\nsys.other_sitecustomize_ran = True\n")
+    proc = run_python(with_facts("""
+        facts(other_ran=getattr(sys, "other_sitecustomize_ran", False))
+        """), tmp_path, hook=True, pythonpath=[str(other)])
+    facts = json.loads(proc.stdout)
+    assert facts["other_ran"] and facts["patched"], proc.stderr
+    assert facts["sitecustomize"] == str(other / "sitecustomize.py")
+
+
+def test_the_startup_hook_reports_an_error_of_the_sitecustomize_it_shadows_as_site_does(
+        tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "sitecustomize.py").write_text("raise RuntimeError('broken sitecustomize')\n")
+    plain = subprocess.run([sys.executable, "-c", "print('ran')"], capture_output=True,
+                           text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(other)))
+    hooked = run_python(with_facts("facts()"), tmp_path, hook=True, pythonpath=[str(other)])
+    assert "broken sitecustomize" in plain.stderr and plain.stdout == "ran\n"
+    assert "broken sitecustomize" in hooked.stderr
+    assert json.loads(hooked.stdout)["patched"]
+
+
+def test_patch_at_startup_patches_at_once_when_the_module_is_imported_already(tmp_path):
+    proc = run_python(with_facts("""
+        import concurrent.futures.process
+        from pool import _patch
+        _patch.patch_at_startup()
+        facts()
+        """), tmp_path)
+    facts = json.loads(proc.stdout)
+    assert facts["patched"] and not facts["finder_left"], proc.stderr
+
+
+def test_the_startup_hook_and_pool_run_name_this_interpreter_alike(tmp_path):
+    code = ('import sys; print("%d.%d:%s" % (sys.version_info[0], sys.version_info[1], '
+            'sys.prefix))')
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.stdout.strip() == _patch.interpreter_key()
+    source = (Path(STARTUP_DIRECTORY) / "sitecustomize.py").read_text()
+    assert '"%d.%d:%s" % (sys.version_info[0], sys.version_info[1], sys.prefix)' in source
+
+
+@pytest.mark.parametrize("name", ["concurrent.futures", "concurrent.futures.process"])
+def test_patching_keeps_what_a_name_looked_up_before_gives(name, tmp_path):
+    # The package's global exists only once something looked it up: undo must put back
+    # exactly what was there (nothing, or the stdlib class).
+    proc = run_python(f"""
+        import concurrent.futures, concurrent.futures.process, importlib
+        import pool
+        module = importlib.import_module({name!r})
+        looked_up = "ProcessPoolExecutor" in vars(concurrent.futures)
+        with pool.patch():
+            inside = module.ProcessPoolExecutor is pool.ProcessPoolExecutor
+        after = module.ProcessPoolExecutor is concurrent.futures.process.__dict__[
+            "ProcessPoolExecutor"]
+        left = "ProcessPoolExecutor" in vars(concurrent.futures)
+        print(looked_up, inside, after, left)
+        """, tmp_path)
+    if name == "concurrent.futures":
+        assert proc.stdout.split() == ["False", "True", "True", "True"], proc.stderr
+    else:
+        assert proc.stdout.split() == ["False", "True", "True", "False"], proc.stderr
