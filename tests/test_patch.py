@@ -64,7 +64,7 @@ def test_a_name_bound_before_the_patch_keeps_the_stdlib_class():
 
 def test_a_patched_pool_is_pools(tmp_path):
     # What a library that builds its own pool gets: a worker's death fails one task.
-    proc = run_python(f"""
+    proc = run_python("""
         import concurrent.futures, os, signal
         import pool
 

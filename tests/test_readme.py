@@ -35,7 +35,11 @@ EXPECTED = {
     4: [r"^5$", r"^4$", r"^\{'max_workers': \('2', '3'\)\}$"],
     5: [r"^49$", r"^\[0, 1, 4, 9, 16\]$", r"^worker pid \d+ died \(signal SIGKILL \(9\)\) "
         r"while running task 7: __main__\.killed\(\)$", r"^timed out$", r"^stopped$", r"^144$"],
+    6: [r"^0 0$", r"^3 BrokenProcessPool: A process in the process pool was terminated "
+        r"abruptly"],   # (run as written, on the stdlib; under pool run: below)
+    7: [r"^True$"],
 }
+SQUARES = 6
 
 
 def test_the_readme_has_its_examples():
@@ -52,3 +56,26 @@ def test_a_readme_example_runs_as_written(index, tmp_path):
     lines = iter(proc.stdout.splitlines())
     for pattern in EXPECTED[index]:  # each in order, other lines allowed between them
         assert any(re.search(pattern, line) for line in lines), (pattern, proc.stdout)
+
+
+def literal_blocks_after(block: str) -> list[list[str]]:
+    """The ``::`` blocks of README that follow a code block, up to the next section."""
+    text = (REPO_DIR / "README.rst").read_text()
+    rest = text[text.index(block) + len(block):]
+    rest = rest[:re.search(r"^\S.*\n-{4,}$", rest, re.M).start()]
+    return [textwrap.dedent(found).strip("\n").splitlines() for found in
+            re.findall(r"::\n\n((?:    .*\n|\n)+)", rest)]
+
+
+def test_the_pool_run_example_prints_what_readme_shows(tmp_path):
+    # README shows squares.py's output on the stdlib, then under python -m pool run.
+    script = tmp_path / "squares.py"
+    script.write_text(textwrap.dedent(BLOCKS[SQUARES]))
+    stdlib_lines, pool_lines = literal_blocks_after(BLOCKS[SQUARES])[:2]
+    outputs = [subprocess.run([*prefix, str(script)], capture_output=True, text=True,
+                              timeout=90, cwd=str(tmp_path)).stdout.splitlines()
+               for prefix in ([sys.executable], [sys.executable, "-m", "pool", "run"])]
+    # (On the stdlib, which of the tasks before the killed one finish first varies.)
+    assert stdlib_lines[3] in outputs[0] and "3 BrokenProcessPool" in stdlib_lines[3]
+    assert [re.sub(r"pid \d+", "pid N", line) for line in outputs[1]] == [
+        re.sub(r"pid \d+", "pid N", line) for line in pool_lines]

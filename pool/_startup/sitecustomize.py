@@ -39,7 +39,7 @@ def _start():  # type: () -> None
                              % (type(exc).__name__, exc))
     this = sys.modules.pop("sitecustomize")
     try:
-        import sitecustomize  # type: ignore  # noqa: F401  (the one this shadows, if any)
+        __import__("sitecustomize")   # (the one this module shadows, if any)
     except ImportError as exc:
         # (The import that runs this module takes sys.modules["sitecustomize"] as its
         # result when this module ends: it must hold a module.)
