@@ -36,11 +36,18 @@ _short = reprlib.Repr()
 _short.maxstring = 60
 _short.maxother = 60
 _short.maxlist = _short.maxtuple = _short.maxdict = _short.maxset = 4
+_short.maxlevel = 3
+# Nested containers multiply even shortened reprs (dask hands its workers lists of
+# tuples of keys and bytes): no argument takes more than this in a message.
+MAX_ARGUMENT_CHARS = 100
 
 
 def _safe_repr(obj: object) -> str:
     try:
-        return _short.repr(obj)
+        text = _short.repr(obj)
+        if len(text) > MAX_ARGUMENT_CHARS:
+            text = text[:MAX_ARGUMENT_CHARS - 3] + "..."
+        return text
     except Exception as exc:  # a broken __repr__ must not hide the real error
         return f"<{type(obj).__name__} object (repr failed: {type(exc).__name__})>"
 

@@ -148,6 +148,15 @@ def test_worker_died_message_names_everything():
     assert pool.WorkerDied(5, 3, info).signal_name is None
 
 
+def test_nested_arguments_are_shortened_as_a_whole():
+    # (A dask scheduler hands each task a list of tuples of keys and pickled bytes.)
+    batch = [(("from_sequence-inc-" + "f" * 40, n), b"\x80\x05" * 300, {"k": [n] * 9})
+             for n in range(6)]
+    text = pool.TaskInfo(1, len, (batch, batch), {"key": batch}).describe()
+    assert len(text) < 3 * 100 + 40, text
+    assert text.startswith("task 1: builtins.len([(('from_sequence-inc-")
+
+
 def _readme_commands():
     text = (REPO_DIR / "README.rst").read_text()
     return re.findall(r"^    (python3 -m venv .*)$", text, re.M)
