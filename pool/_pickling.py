@@ -261,7 +261,18 @@ def _reduce_with_traceback(obj: Any) -> Any:
     # the exceptions and tracebacks among them.)
     if isinstance(obj, BaseException):
         from tblib import pickling_support
-        return pickling_support.pickle_exception(obj)
+        try:
+            return pickling_support.pickle_exception(obj)
+        except Exception:
+            # tblib rebuilds an exception with an ``__init__`` of its own but the default
+            # ``__reduce__`` from its ``__dict__``, which a compiled class may not have
+            # (black's mypyc-built InvalidInput): rebuild it from its own reduction, as
+            # pickle would, with the frames and the chain as tblib keeps them.
+            function, arguments, *rest = obj.__reduce__()
+            return (pickling_support.unpickle_exception,
+                    (function, arguments, obj.__cause__, obj.__traceback__,
+                     obj.__context__, obj.__suppress_context__,
+                     getattr(obj, "__notes__", None)), *rest)
     if isinstance(obj, types.TracebackType):
         from tblib import pickling_support
         return pickling_support.pickle_traceback(obj)

@@ -144,6 +144,23 @@ def raise_needs_two_args():
     raise NeedsTwoArgs(1, 2)
 
 
+class WithoutDict(Exception):
+    """As a compiled (mypyc) exception class is: an ``__init__`` of its own, the default
+    ``__reduce__``, and no ``__dict__`` (black's ``InvalidInput``)."""
+
+    def __init__(self, message):
+        super().__init__(message)
+
+    @property
+    def __dict__(self):
+        raise AttributeError(f"{type(self).__qualname__!r} object has no attribute "
+                             f"'__dict__'")
+
+
+def raise_without_dict():
+    raise WithoutDict("Cannot parse: 1:11: def broken(:")
+
+
 class Unpicklable(Exception):
     def __init__(self, message):
         super().__init__(message)

@@ -30,6 +30,7 @@ ROWS = {
     "parent-receive-systemexit":
         "p.submit(tasks.return_unpickle_bomb_for_parent, 'systemexit')",
     "exception-needs-init-args": "p.submit(tasks.raise_needs_two_args)",
+    "exception-without-dict": "p.submit(tasks.raise_without_dict)",
     "exception-unpicklable": "p.submit(tasks.raise_unpicklable)",
     "exception-fails-in-parent": "p.submit(tasks.raise_fails_in_parent)",
     "result-lambda": "p.submit(tasks.return_lambda)",
@@ -61,6 +62,8 @@ with pool.ProcessPool(2, mp_context=CTX) as p:
             outcome["result"] = value() if callable(value) else value
         else:
             outcome.update(type=type(error).__name__, text=str(error),
+                           frames=[frame.name for frame in
+                                   __import__("traceback").extract_tb(error.__traceback__)],
                            mro=[c.__name__ for c in type(error).__mro__],
                            notes=getattr(error, "__notes__", []))
             for attr in ("pid", "exitcode", "signal_name", "crash_report", "a", "b",
@@ -174,6 +177,15 @@ def test_result_that_fails_to_unpickle_in_the_parent(table, method, effect, erro
 def test_exception_whose_init_needs_arguments_comes_back_as_itself(table, method):
     outcome = _row(table, method, "exception-needs-init-args")
     assert outcome["type"] == "NeedsTwoArgs" and (outcome["a"], outcome["b"]) == (1, 2)
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_exception_without_a_dict_comes_back_as_itself_with_its_frames(table, method):
+    # (tblib alone fails on it: the task failed with an AttributeError about __dict__.)
+    outcome = _row(table, method, "exception-without-dict")
+    assert outcome["type"] == "WithoutDict"
+    assert outcome["text"] == "Cannot parse: 1:11: def broken(:"
+    assert "raise_without_dict" in outcome["frames"]
 
 
 @pytest.mark.parametrize("method", START_METHODS)
