@@ -6,7 +6,8 @@ Owns: the two names ``concurrent.futures.ProcessPoolExecutor`` and
 ``concurrent.futures.process.ProcessPoolExecutor`` while patched, and what they held before.
 Runs in: any thread of any process (under one lock); the hook at interpreter start-up,
 from ``pool/_startup/sitecustomize.py``.
-Guarantees: both names give ``pool.ProcessPoolExecutor`` while any ``Patch`` is active,
+Guarantees: both names give ``_patched.ProcessPoolExecutor`` (pool's executor with the
+stdlib's default start method) while any ``Patch`` is active,
 and what they gave before once the last is undone. Patching imports nothing of the
 executor: the class is imported at the first lookup of a name (a start-up hook in every
 Python process of a ``pool run`` must cost nothing to one that starts no pool, and
@@ -77,8 +78,13 @@ class Patch:
 
 def patch() -> Patch:
     """Makes ``concurrent.futures.ProcessPoolExecutor`` and
-    ``concurrent.futures.process.ProcessPoolExecutor`` name ``pool.ProcessPoolExecutor``
-    for every lookup from now on, in this process, until the returned ``Patch`` is undone.
+    ``concurrent.futures.process.ProcessPoolExecutor`` name pool's executor for every
+    lookup from now on, in this process, until the returned ``Patch`` is undone.
+
+    The class they name is a subclass of ``pool.ProcessPoolExecutor`` that keeps the
+    stdlib's choice of start method when the caller gives no ``mp_context``
+    (``multiprocessing.get_context()``: ``fork`` on Linux before 3.14), so that what the
+    caller made for that context (a lock in ``initargs``) still works.
 
     It reaches code that looks the class up after the call: ``from concurrent.futures
     import ProcessPoolExecutor`` run later (inside a function, or in a module imported
@@ -113,7 +119,7 @@ def _take_over(process_module: ModuleType) -> None:
     def __getattr__(name: str) -> Any:
         # (Only names the module does not hold come here: ProcessPoolExecutor, once.)
         if name == NAME:
-            from ._executor import ProcessPoolExecutor
+            from ._patched import ProcessPoolExecutor
             setattr(process_module, NAME, ProcessPoolExecutor)  # (lookups stop coming here)
             return ProcessPoolExecutor
         if previous is not _MISSING:

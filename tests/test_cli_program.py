@@ -26,7 +26,7 @@ import json, multiprocessing, os, subprocess, sys
 
 def patched():
     import concurrent.futures
-    return concurrent.futures.ProcessPoolExecutor.__module__ == "pool._executor"
+    return concurrent.futures.ProcessPoolExecutor.__module__ == "pool._patched"
 
 def report_into(queue):
     queue.put(patched())
@@ -42,7 +42,7 @@ if __name__ == "__main__":
     spawned = queue.get(timeout=60)
     process.join()
     print(json.dumps(dict(pid=os.getpid(), argv=sys.argv[1:], patched=patched(),
-                          child=child.stdout.strip() == "pool._executor", spawned=spawned,
+                          child=child.stdout.strip() == "pool._patched", spawned=spawned,
                           dev_mode=sys.flags.dev_mode,
                           pythonpath=os.environ.get("PYTHONPATH", ""))))
     sys.exit(int(os.environ.get("EXIT_WITH", "0")))
@@ -96,7 +96,7 @@ def test_a_module_and_code_run_patched_with_the_interpreters_flags(tmp_path, rep
     status, out, err = finish(start(
         ["-c", "import sys, concurrent.futures as f; "
                "print(sys.argv, f.ProcessPoolExecutor.__module__)", "y"], tmp_path))
-    assert (status, out) == (0, "['-c', 'y'] pool._executor\n"), err
+    assert (status, out) == (0, "['-c', 'y'] pool._patched\n"), err
 
 
 def test_a_program_on_path_runs_patched_and_so_do_the_pythons_a_shell_program_starts(

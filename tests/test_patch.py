@@ -17,6 +17,7 @@ import pytest
 
 import pool
 from pool import _patch
+from pool._patched import ProcessPoolExecutor as PATCHED
 
 STDLIB_CLASS = process_module.ProcessPoolExecutor
 STARTUP_DIRECTORY = str(Path(pool.__file__).parent / "_startup")
@@ -30,9 +31,9 @@ def test_patch_gives_both_names_pools_class_and_undo_gives_them_back():
     assert stdlib_names() == (STDLIB_CLASS, STDLIB_CLASS)
     patched = pool.patch()
     try:
-        assert stdlib_names() == (pool.ProcessPoolExecutor, pool.ProcessPoolExecutor)
+        assert stdlib_names() == (PATCHED, PATCHED)
         from concurrent.futures import ProcessPoolExecutor
-        assert ProcessPoolExecutor is pool.ProcessPoolExecutor
+        assert ProcessPoolExecutor is PATCHED
 
         class Subclass(concurrent.futures.ProcessPoolExecutor):
             pass
@@ -49,7 +50,7 @@ def test_nested_patches_undo_in_turn_and_undoing_twice_does_nothing():
         inner = pool.patch()
         inner.undo()
         inner.undo()
-        assert stdlib_names() == (pool.ProcessPoolExecutor, pool.ProcessPoolExecutor)
+        assert stdlib_names() == (PATCHED, PATCHED)
         assert repr(outer) == "<pool.Patch active>"
     assert stdlib_names() == (STDLIB_CLASS, STDLIB_CLASS)
     outer.undo()
@@ -105,8 +106,8 @@ FACTS = """
     def facts(**more):
         import concurrent.futures.process as process_module
         print(json.dumps(dict(more,
-            patched=process_module.ProcessPoolExecutor.__module__ == "pool._executor",
-            executor_imported="pool._executor" in sys.modules,
+            patched=process_module.ProcessPoolExecutor.__module__ == "pool._patched",
+            executor_imported="pool._patched" in sys.modules,
             startup_on_path=any(entry.endswith("_startup") for entry in sys.path),
             finder_left=any(type(finder).__name__ == "_PatchWhenImported"
                             for finder in sys.meta_path),
@@ -124,7 +125,7 @@ def test_the_startup_hook_patches_when_the_module_is_imported_and_imports_nothin
     proc = run_python(with_facts("""
         before = "concurrent.futures.process" in sys.modules
         import concurrent.futures.process
-        imported = "pool._executor" in sys.modules
+        imported = "pool._patched" in sys.modules
         facts(before=before, imported=imported)
         """), tmp_path, hook=True)
     facts = json.loads(proc.stdout)
@@ -141,7 +142,7 @@ def test_the_startup_hook_lets_pool_import_its_errors_first(tmp_path):
         import pool
         print(pool.WorkerDied.__mro__[1].__name__)
         import concurrent.futures
-        print(concurrent.futures.ProcessPoolExecutor is pool.ProcessPoolExecutor)
+        print(concurrent.futures.ProcessPoolExecutor.__module__ == "pool._patched")
         """, tmp_path, hook=True)
     assert proc.stdout.split() == ["BrokenProcessPool", "True"], proc.stderr
 
@@ -211,7 +212,7 @@ def test_patching_keeps_what_a_name_looked_up_before_gives(name, tmp_path):
         module = importlib.import_module({name!r})
         looked_up = "ProcessPoolExecutor" in vars(concurrent.futures)
         with pool.patch():
-            inside = module.ProcessPoolExecutor is pool.ProcessPoolExecutor
+            inside = module.ProcessPoolExecutor.__module__ == "pool._patched"
         after = module.ProcessPoolExecutor is concurrent.futures.process.__dict__[
             "ProcessPoolExecutor"]
         left = "ProcessPoolExecutor" in vars(concurrent.futures)
@@ -221,3 +222,39 @@ def test_patching_keeps_what_a_name_looked_up_before_gives(name, tmp_path):
         assert proc.stdout.split() == ["False", "True", "True", "True"], proc.stderr
     else:
         assert proc.stdout.split() == ["False", "True", "True", "False"], proc.stderr
+
+
+def test_the_patched_class_takes_the_stdlibs_start_method_when_given_none():
+    import multiprocessing
+    for kwargs, method in [({}, multiprocessing.get_start_method()),
+                           ({"max_tasks_per_child": 3}, "spawn"),
+                           ({"mp_context": multiprocessing.get_context("forkserver")},
+                            "forkserver")]:
+        stdlib = STDLIB_CLASS(1, **kwargs)
+        patched = PATCHED(1, **kwargs)
+        try:
+            assert patched._mp_context.get_start_method() == method
+            assert stdlib._mp_context.get_start_method() == method
+        finally:
+            stdlib.shutdown()
+            patched.shutdown()
+    assert issubclass(PATCHED, pool.ProcessPoolExecutor)
+
+
+def test_tqdms_process_map_counts_every_task_on_the_patched_class(tmp_path):
+    # tqdm passes a lock of the default context in initargs (fork before 3.14): pool's
+    # own default, forkserver, could not take it; the patched class keeps the stdlib's.
+    proc = run_python("""
+        import pool
+
+        def square(n):
+            return n * n
+
+        if __name__ == "__main__":
+            pool.patch()
+            from tqdm.contrib.concurrent import process_map
+            print(process_map(square, range(9), max_workers=2, chunksize=1, mininterval=0))
+        """, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "[0, 1, 4, 9, 16, 25, 36, 49, 64]\n"
+    assert "9/9" in proc.stderr
