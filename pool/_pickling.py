@@ -268,7 +268,10 @@ def _reduce_with_traceback(obj: Any) -> Any:
             # ``__reduce__`` from its ``__dict__``, which a compiled class may not have
             # (black's mypyc-built InvalidInput): rebuild it from its own reduction, as
             # pickle would, with the frames and the chain as tblib keeps them.
-            function, arguments, *rest = obj.__reduce__()
+            reduced = obj.__reduce__()
+            if isinstance(reduced, str):   # (a global's name: pickle would raise too)
+                raise
+            function, arguments, *rest = reduced
             return (pickling_support.unpickle_exception,
                     (function, arguments, obj.__cause__, obj.__traceback__,
                      obj.__context__, obj.__suppress_context__,
