@@ -77,6 +77,9 @@ def _start_multiprocessing_helpers() -> None:
     from multiprocessing import forkserver, resource_tracker
     forkserver.ensure_running()
     resource_tracker.ensure_running()
+    # The first import of ctypes (tests/tasks.py has it) makes a callback, for which some
+    # builds of libffi open a descriptor they keep for good: open it before any snapshot.
+    import ctypes  # noqa: F401
 
 
 @pytest.fixture(autouse=True)
