@@ -116,3 +116,15 @@ def rejected(executor: pool.ProcessPool) -> None:
     pool.shared(max_workers="2")  # type: ignore[arg-type]
     pool.shared().submit(work, "not an int")  # type: ignore[arg-type]
     pool.to_process(work, "not an int")  # type: ignore[arg-type,unused-coroutine]
+
+
+def patched() -> None:
+    import concurrent.futures
+    patch = pool.patch()
+    assert_type(patch, pool.Patch)
+    with pool.patch() as inner:
+        assert_type(inner, pool.Patch)
+        executor = concurrent.futures.ProcessPoolExecutor(2)
+        executor.shutdown()
+    patch.undo()
+    patch.undo(True)  # type: ignore[call-arg]
