@@ -192,9 +192,10 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
         prog="python -m pool",
         description="A process pool where a worker's death fails one task, not the pool.")
     parser.add_argument("--version", action="version", version=f"pool {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    demo = commands.add_parser("demo", help="run a batch where one task segfaults and one "
-                               "is SIGKILLed; every other task succeeds")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                     parser_class=_Parser)
+    demo = commands.add_parser("demo", help="run a batch where one task segfaults, one is "
+                               "SIGKILLed and one times out; every other task succeeds")
     demo.add_argument("--start-method", choices=multiprocessing.get_all_start_methods())
     run = commands.add_parser(
         "map", help="call a Python function on each input, in parallel",

@@ -13,10 +13,10 @@ error when the program itself turns out to run on another Python.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
-import subprocess
 import sys
 from typing import Sequence
 
@@ -34,8 +34,9 @@ with this Python (this interpreter, in this environment) that inherits its envir
 libraries that build their own process pools get pool's, where a worker's death fails
 one task with an explained error instead of breaking the pool.
 
-PROGRAM is run by this Python when it ends in .py, .pyw or .pyz or is a directory (as
-"python PROGRAM" would); otherwise it is an executable, by its path if it holds a "/",
+PROGRAM is run by this Python, with this Python's own options (python -u -m pool run
+...), when it ends in .py, .pyw or .pyz, is a directory, or is - (standard input), as
+"python PROGRAM" would; otherwise it is an executable, by its path if it holds a "/",
 else found on PATH (a console script such as black, or any program that starts Python).
 The program's exit status is the command's (127: PROGRAM not found, 126: not runnable).
 
@@ -58,18 +59,24 @@ PROGRAM_PID_VARIABLE = "POOL_RUN_PID"
 
 STARTUP_DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_startup")
 _PYTHON_SUFFIXES = (".py", ".pyw", ".pyz")
-# Interpreter flags that would keep the program from reading the environment or running
-# the start-up hook: the rest (-X dev, -W, -O, ...) are passed on.
-_FLAGS_NOT_PASSED = ("-E", "-I", "-S")
+# Python's own options (its getopt string), for reading them back from sys.orig_argv:
+# those that take a value, and those after which the rest is what Python runs.
+_WITH_VALUE = "WX"
+_LAST = "cm"
+# Options that would keep the program from reading the environment or running the
+# start-up hook; what each is replaced with (-I stands for -E -P -s).
+_NOT_PASSED = {"E": "", "S": "", "I": "sP"}
 
 
 def run_program(arguments: Sequence[str]) -> int:
     """Replaces this process with the program; returns (an exit status) only if it cannot
     be started."""
     arguments = list(arguments)
-    if not arguments or arguments[0] in ("-h", "--help"):
-        (sys.stdout if arguments else sys.stderr).write(USAGE)
-        return 0 if arguments else EXIT_USAGE
+    if not arguments:
+        return _usage("give a PROGRAM, -m MODULE or -c CODE to run")
+    if arguments[0] in ("-h", "--help"):
+        sys.stdout.write(USAGE)
+        return 0
     first = arguments[0]
     if first in ("-m", "-c") or first.startswith(("-m", "-c")) and len(first) > 2:
         option, value = first[:2], first[2:]
@@ -83,10 +90,12 @@ def run_program(arguments: Sequence[str]) -> int:
         arguments = arguments[1:]
         if not arguments:
             return _usage("-- needs a PROGRAM after it")
-    elif first.startswith("-"):
-        return _usage(f"unknown option {first} (put -- before a PROGRAM that starts with -)")
+    elif first.startswith("-") and first != "-":
+        return _usage(f"unknown option {first}: Python's own options go before -m pool "
+                      f"(python {first} -m pool run ...); put -- before a PROGRAM that "
+                      f"starts with -")
     program, rest = arguments[0], arguments[1:]
-    if program.endswith(_PYTHON_SUFFIXES) or os.path.isdir(program):
+    if program == "-" or program.endswith(_PYTHON_SUFFIXES) or os.path.isdir(program):
         return _exec(sys.executable, [sys.executable, *_flags(), program, *rest])
     path = program if os.sep in program else shutil.which(program)
     if path is None or not os.path.exists(path):
@@ -113,7 +122,13 @@ def _exec(path: str, argv: list[str]) -> int:
         if signum is not None:
             signal.signal(signum, signal.SIG_DFL)
     try:
-        os.execve(path, argv, environment)
+        try:
+            os.execve(path, argv, environment)
+        except OSError as exc:
+            if exc.errno != errno.ENOEXEC:
+                raise
+            # An executable text without "#!": a shell runs it with sh, so this does.
+            os.execve("/bin/sh", ["sh", path, *argv[1:]], environment)
     except OSError as exc:
         _say(f"python -m pool run: {argv[0]}: {exc.strerror}")
         return EXIT_NOT_RUNNABLE
@@ -121,9 +136,49 @@ def _exec(path: str, argv: list[str]) -> int:
 
 
 def _flags() -> list[str]:
-    """This interpreter's command-line flags, for the program run by it."""
-    flags: list[str] = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
-    return [flag for flag in flags if flag not in _FLAGS_NOT_PASSED]
+    """The options this interpreter was started with, for the program it runs: as given
+    (``-u``, ``-X int_max_str_digits=...``, ``-W error``), read back from
+    ``sys.orig_argv`` up to what it ran (``-m pool``, or the ``pool`` script); those that
+    would keep the patch out are left out, with a word on standard error."""
+    flags, left_out = interpreter_options(sys.orig_argv[1:])
+    if left_out:
+        _say(f"python -m pool run: not passed on to the program: {' '.join(left_out)} "
+             f"(it would keep the program from being patched)")
+    return flags
+
+
+def interpreter_options(arguments: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Python's own options at the start of ``arguments`` (a command line after the
+    interpreter's name), one per item; and those of ``_NOT_PASSED`` among them."""
+    flags: list[str] = []
+    left_out: list[str] = []
+    index = 0
+    while index < len(arguments):
+        argument = arguments[index]
+        index += 1
+        if argument == "--check-hash-based-pycs" and index < len(arguments):
+            flags += [argument, arguments[index]]
+            index += 1
+            continue
+        if not argument.startswith("-") or argument in ("-", "--") or argument[1] == "-":
+            break
+        letters = argument[1:]
+        for position, letter in enumerate(letters):
+            if letter in _LAST:
+                return flags, left_out
+            if letter in _WITH_VALUE:
+                value = letters[position + 1:]
+                if not value and index < len(arguments):
+                    value = arguments[index]
+                    index += 1
+                flags += [f"-{letter}", value]
+                break
+            if letter in _NOT_PASSED:
+                left_out.append(f"-{letter}")
+                flags += [f"-{kept}" for kept in _NOT_PASSED[letter]]
+            else:
+                flags.append(f"-{letter}")
+    return flags, left_out
 
 
 def _usage(message: str) -> int:

@@ -331,10 +331,12 @@ class WorkerHandle:
         """After its sentinel fired (or, ``sentinel_fired=False``, to end it at once): end
         its group, reap, release."""
         # Under forkserver the sentinel is a pipe from the forkserver, which writes the
-        # exit status into it. If the forkserver exits first (on Python 3.11-3.13, when
-        # the system refuses it a fork), the pipe closes while the worker still runs.
+        # exit status into it once it has reaped the worker. If the forkserver exits first
+        # (on Python 3.11-3.13, when the system refuses it a fork), the pipe closes while
+        # the worker still runs: a worker still there when its sentinel fired can only
+        # mean that. (Not "the forkserver is gone" as well: the kernel closes a dying
+        # process's pipes before /proc shows it exited, and the check lost that race.)
         status_lost = (sentinel_fired and self._forkserver is not None
-                       and not _teardown.still_running(self._forkserver)
                        and _teardown.still_running(self.pid))
         self.signal(signal.SIGKILL)
         exitcode = _teardown.reap(self.process, timeout=reap_timeout)

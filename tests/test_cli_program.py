@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pool import _patch
+from pool._cli_program import interpreter_options
 
 RUN = [sys.executable, "-m", "pool", "run"]
 
@@ -167,10 +168,12 @@ def test_ctrl_c_reaches_the_program_itself(tmp_path):
 
 
 @pytest.mark.parametrize("arguments, status, message", [
-    ([], 255, "usage: python -m pool run [--] PROGRAM"),
+    ([], 255, "python -m pool run: error: give a PROGRAM, -m MODULE or -c CODE to run"),
     (["-m"], 255, "python -m pool run: error: -m needs a MODULE"),
     (["--"], 255, "python -m pool run: error: -- needs a PROGRAM"),
-    (["--frobnicate"], 255, "unknown option --frobnicate (put -- before a PROGRAM"),
+    (["--frobnicate"], 255, "unknown option --frobnicate: Python's own options go before "
+                            "-m pool (python --frobnicate -m pool run ...); put -- before a "
+                            "PROGRAM that starts with -"),
     (["no-such-program-here"], 127, "python -m pool run: no-such-program-here: command "
                                     "not found"),
     (["./not-executable"], 126, "python -m pool run: ./not-executable: Permission denied"),
@@ -190,3 +193,53 @@ def test_help_says_how_and_what_it_cannot_reach(tmp_path):
     listed = subprocess.run([sys.executable, "-m", "pool", "--help"], capture_output=True,
                             text=True, timeout=60)
     assert "run a program with its process pools on pool" in listed.stdout
+
+
+def test_pythons_own_options_reach_the_program_as_given(tmp_path):
+    code = ("import sys, concurrent.futures as f; print(type(sys.stdout.buffer).__name__, "
+            "sys.flags.int_max_str_digits, sys.warnoptions, sys.flags.optimize, "
+            "f.ProcessPoolExecutor.__module__)")
+    environment = dict(os.environ)
+    environment.pop("PYTHONUNBUFFERED", None)
+    proc = subprocess.run([sys.executable, "-u", "-OO", "-X", "int_max_str_digits=5000",
+                           "-Werror::DeprecationWarning", "-m", "pool", "run", "-c", code],
+                          capture_output=True, text=True, timeout=60, env=environment)
+    assert proc.stdout == ("FileIO 5000 ['error::DeprecationWarning'] 2 pool._patched\n"), (
+        proc.stderr)
+
+
+def test_options_that_would_keep_the_patch_out_are_left_out_with_a_word(tmp_path):
+    code = ("import sys, concurrent.futures as f; print(sys.flags.ignore_environment, "
+            "sys.flags.no_user_site, sys.flags.safe_path, f.ProcessPoolExecutor.__module__)")
+    proc = subprocess.run([sys.executable, "-I", "-m", "pool", "run", "-c", code],
+                          capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+    assert proc.stdout == "0 1 True pool._patched\n"
+    assert proc.stderr == ("python -m pool run: not passed on to the program: -I (it would "
+                           "keep the program from being patched)\n")
+
+
+@pytest.mark.parametrize("arguments, options, left_out", [
+    (["-m", "pool", "run"], [], []),
+    (["/venv/bin/pool", "run", "-u"], [], []),               # the console script
+    (["-uB", "-X", "dev", "-Wd", "-mpool"], ["-u", "-B", "-X", "dev", "-W", "d"], []),
+    (["-OO", "-Xutf8", "-W", "error", "-c", "code", "-u"],
+     ["-O", "-O", "-X", "utf8", "-W", "error"], []),
+    (["-IS", "-E", "--check-hash-based-pycs", "never", "-m", "pool"],
+     ["-s", "-P", "--check-hash-based-pycs", "never"], ["-I", "-S", "-E"]),
+])
+def test_the_interpreters_options_are_read_back_from_its_command_line(arguments, options,
+                                                                      left_out):
+    assert interpreter_options(arguments) == (options, left_out)
+
+
+def test_standard_input_and_a_script_without_a_shebang_run_as_python_and_sh_would(tmp_path):
+    proc = subprocess.run([*RUN, "-", "x"], input="import sys, concurrent.futures as f\n"
+                          "print(sys.argv, f.ProcessPoolExecutor.__module__)\n",
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout == "['-', 'x'] pool._patched\n", proc.stderr
+    script = tmp_path / "no-shebang"
+    script.write_text('echo "sh ran $0 with $1"\n')
+    script.chmod(0o755)
+    proc = subprocess.run([*RUN, str(script), "y"], capture_output=True, text=True,
+                          timeout=60)
+    assert (proc.returncode, proc.stdout) == (0, f"sh ran {script} with y\n"), proc.stderr

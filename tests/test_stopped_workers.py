@@ -18,6 +18,20 @@ from helpers import process_exists, wait_until
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="POSIX signals")
 
 
+def stop(pid: int) -> None:
+    """SIGSTOP, then wait until the kernel shows the process stopped: until it is, an idle
+    worker may still wake for a call just written and read it (it then counts as started,
+    and stays so until SIGCONT)."""
+    os.kill(pid, signal.SIGSTOP)
+    assert wait_until(lambda: state_of(pid) in ("T", "t"), 10), state_of(pid)
+
+
+def state_of(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as stat:
+        text = stat.read()
+    return text[text.rindex(")") + 2]
+
+
 def running_worker(p: pool.ProcessPool) -> int:
     assert wait_until(lambda: p.stats().running == 1, 30)
     return next(w.pid for w in p.stats().workers if w.current_task is not None)
@@ -33,7 +47,7 @@ def test_the_timeout_of_a_task_whose_worker_is_stopped_still_fires(ctx):
     with pool.ProcessPool(1, mp_context=ctx) as p:
         future = p.schedule(tasks.sleep_then, (60,), timeout=0.5)
         worker = running_worker(p)
-        os.kill(worker, signal.SIGSTOP)
+        stop(worker)
         error = future.exception(60)
         assert isinstance(error, pool.TaskTimeout)
         assert "did not write its stack" in str(error)  # a stopped process cannot
@@ -45,7 +59,7 @@ def test_stop_ends_a_stopped_worker(ctx):
     with pool.ProcessPool(1, mp_context=ctx) as p:
         future = p.submit(tasks.sleep_then, 60)
         worker = running_worker(p)
-        os.kill(worker, signal.SIGSTOP)
+        stop(worker)
         future.stop()
         with pytest.raises(concurrent.futures.CancelledError):
             future.result(60)
@@ -59,7 +73,7 @@ def test_terminate_workers_and_shutdown_end_stopped_workers(ctx):
     running = p.submit(tasks.sleep_then, 60)
     busy = running_worker(p)
     for worker in workers:
-        os.kill(worker, signal.SIGSTOP)  # one running, one idle
+        stop(worker)  # one running, one idle
     p.terminate_workers()  # returns once both are confirmed gone
     assert not any(process_exists(worker) for worker in workers)
     # (Terminated while running; or, if it was stopped before it had read the task,
@@ -72,7 +86,7 @@ def test_terminate_workers_and_shutdown_end_stopped_workers(ctx):
 def test_shutdown_ends_a_worker_stopped_while_idle(ctx):
     p = pool.ProcessPool(2, mp_context=ctx)
     stopped = two_idle_workers(p)[0]
-    os.kill(stopped, signal.SIGSTOP)
+    stop(stopped)
     started = time.monotonic()
     p.shutdown()  # it cannot read its end of file: the escalation ends it
     assert not process_exists(stopped)
@@ -82,7 +96,7 @@ def test_shutdown_ends_a_worker_stopped_while_idle(ctx):
 def test_a_worker_stopped_while_idle_holds_up_no_task(ctx):
     with pool.ProcessPool(2, mp_context=ctx) as p:
         stopped, other = two_idle_workers(p)
-        os.kill(stopped, signal.SIGSTOP)
+        stop(stopped)
         # The first of these may be sent to the stopped worker: it is taken back unread
         # and run by the other; the rest go to the other at once.
         results = [p.submit(tasks.pid_of_worker).result(30) for _ in range(10)]

@@ -44,7 +44,7 @@ def _start():  # type: () -> None
         # (The import that runs this module takes sys.modules["sitecustomize"] as its
         # result when this module ends: it must hold a module.)
         sys.modules["sitecustomize"] = this
-        if exc.name != "sitecustomize":
+        if getattr(exc, "name", "sitecustomize") != "sitecustomize":  # (no name: 2.7)
             raise
 
 
