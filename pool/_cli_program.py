@@ -38,7 +38,8 @@ PROGRAM is run by this Python, with this Python's own options (python -u -m pool
 ...), when it ends in .py, .pyw or .pyz, is a directory, or is - (standard input), as
 "python PROGRAM" would; otherwise it is an executable, by its path if it holds a "/",
 else found on PATH (a console script such as black, or any program that starts Python).
-The program's exit status is the command's (127: PROGRAM not found, 126: not runnable).
+A bare NAME.py is taken from here if it is here, else from PATH. The program's exit
+status is the command's (127: PROGRAM not found, 126: not runnable).
 
 It cannot reach code that imported the class before the patch, processes started with
 another Python or with an environment of their own (python -E or -I, env -i), or pools
@@ -95,20 +96,34 @@ def run_program(arguments: Sequence[str]) -> int:
                       f"(python {first} -m pool run ...); put -- before a PROGRAM that "
                       f"starts with -")
     program, rest = arguments[0], arguments[1:]
-    if program == "-" or program.endswith(_PYTHON_SUFFIXES) or os.path.isdir(program):
-        return _exec(sys.executable, [sys.executable, *_flags(), program, *rest])
-    path = program if os.sep in program else shutil.which(program)
-    if path is None or not os.path.exists(path):
-        _say(f"python -m pool run: {program}: command not found")
-        return EXIT_NOT_FOUND
-    return _exec(path, [program, *rest])
+    python = [sys.executable, *_flags(), program, *rest]
+    if program == "-":
+        return _exec(sys.executable, python)
+    if os.sep in program:
+        if program.endswith(_PYTHON_SUFFIXES) or os.path.isdir(program):
+            return _exec(sys.executable, python)
+        return _exec(program, [program, *rest])
+    # A bare name: as python would take app.py (from here), as a shell would take black
+    # (from PATH); a name that is neither, from wherever it is.
+    here = os.path.exists(program)
+    if here and program.endswith(_PYTHON_SUFFIXES):
+        return _exec(sys.executable, python)
+    found = shutil.which(program)
+    if found is not None:
+        return _exec(found, [program, *rest])
+    if program.endswith(_PYTHON_SUFFIXES) or os.path.isdir(program):
+        return _exec(sys.executable, python)   # (python says what is wrong with it)
+    _say(f"python -m pool run: {program}: command not found")
+    return EXIT_NOT_FOUND
 
 
 def _exec(path: str, argv: list[str]) -> int:
     environment = dict(os.environ)
-    # (Put first, once: a pool run inside a pool run does not grow the path.)
-    others = [entry for entry in environment.get("PYTHONPATH", "").split(os.pathsep)
-              if entry and os.path.abspath(entry) != STARTUP_DIRECTORY]
+    # Put first, once (a pool run inside a pool run does not grow the path); the others
+    # as they were, empty ones included (an empty entry is the working directory).
+    given = environment.get("PYTHONPATH", "")
+    others = [entry for entry in given.split(os.pathsep)
+              if not entry or os.path.abspath(entry) != STARTUP_DIRECTORY] if given else []
     environment["PYTHONPATH"] = os.pathsep.join([STARTUP_DIRECTORY, *others])
     environment[ENVIRONMENT_VARIABLE] = interpreter_key()
     environment[PROGRAM_PID_VARIABLE] = str(os.getpid())
@@ -131,7 +146,8 @@ def _exec(path: str, argv: list[str]) -> int:
             os.execve("/bin/sh", ["sh", path, *argv[1:]], environment)
     except OSError as exc:
         _say(f"python -m pool run: {argv[0]}: {exc.strerror}")
-        return EXIT_NOT_RUNNABLE
+        # (As a shell: 127 for what is not there, the program or its #! interpreter.)
+        return EXIT_NOT_FOUND if exc.errno == errno.ENOENT else EXIT_NOT_RUNNABLE
     raise AssertionError("execve returned")   # (it only returns by raising)
 
 

@@ -4,15 +4,13 @@ compileall, tqdm, dask), and the start-up hook ``python -m pool run`` relies on.
 
 Owns: the two names ``concurrent.futures.ProcessPoolExecutor`` and
 ``concurrent.futures.process.ProcessPoolExecutor`` while patched, and what they held before.
-Runs in: any thread of any process (under one lock); the hook at interpreter start-up,
-from ``pool/_startup/sitecustomize.py``.
+Runs in: any thread of any process (under one lock). (The start-up hook of ``python -m
+pool run``, ``pool/_startup/sitecustomize.py``, patches the same way, by itself: it must
+not import pool before the class is looked up.)
 Guarantees: both names give ``_patched.ProcessPoolExecutor`` (pool's executor with the
-stdlib's default start method) while any ``Patch`` is active,
-and what they gave before once the last is undone. Patching imports nothing of the
-executor: the class is imported at the first lookup of a name (a start-up hook in every
-Python process of a ``pool run`` must cost nothing to one that starts no pool, and
-``pool._errors`` itself imports ``concurrent.futures.process``: importing the executor
-while that import is under way would be a cycle).
+stdlib's default start method) while any ``Patch`` is active, and what they gave before
+once the last is undone (unless something else has replaced them since: that stays).
+Patching imports nothing of the executor: the class is imported at the first lookup.
 Assumes: ``concurrent.futures`` looks ``ProcessPoolExecutor`` up in ``.process`` on first
 use and keeps it as a global (its module ``__getattr__``, 3.7 and later); ``.process``
 has no ``__getattr__`` of its own (it has none on 3.11–3.14: one would be chained).
@@ -21,24 +19,21 @@ has no ``__getattr__`` of its own (it has none on 3.11–3.14: one would be chai
 from __future__ import annotations
 
 import sys
-from _thread import allocate_lock
-from types import ModuleType
-
-TYPE_CHECKING = False
-if TYPE_CHECKING:   # (typing and threading are not imported at start-up: see above)
-    from types import TracebackType
-    from typing import Any, Callable
+import threading
+from types import ModuleType, TracebackType
+from typing import Any
 
 NAME = "ProcessPoolExecutor"
 PROCESS_MODULE = "concurrent.futures.process"
 PACKAGE = "concurrent.futures"
 
 # What ``python -m pool run`` sets for the programs it runs, and the start-up hook reads:
-# the interpreter that should patch itself, as ``major.minor:sys.prefix`` (another Python
-# that inherits the variable, another version or another environment, does nothing).
+# the interpreter that should patch itself, as ``major.minor[abiflags]:sys.prefix``
+# (another Python that inherits the variable, another version, build or environment,
+# does nothing).
 ENVIRONMENT_VARIABLE = "POOL_PATCH"
 
-_lock = allocate_lock()
+_lock = threading.Lock()
 _depth = 0              # active Patch handles (nested patch() calls undo in turn)
 _saved: dict[str, Any] = {}
 _MISSING = object()
@@ -120,7 +115,11 @@ def _take_over(process_module: ModuleType) -> None:
         # (Only names the module does not hold come here: ProcessPoolExecutor, once.)
         if name == NAME:
             from ._patched import ProcessPoolExecutor
-            setattr(process_module, NAME, ProcessPoolExecutor)  # (lookups stop coming here)
+            with _lock:
+                if process_module.__dict__.get("__getattr__") is not __getattr__:
+                    # Undone while the class was being imported: what the name holds now.
+                    return getattr(process_module, NAME)
+                process_module.__dict__[NAME] = ProcessPoolExecutor  # (no more lookups here)
             return ProcessPoolExecutor
         if previous is not _MISSING:
             return previous(name)
@@ -143,7 +142,10 @@ def _restore() -> None:
             del process_module.__dict__["__getattr__"]
         else:
             process_module.__dict__["__getattr__"] = _saved["getattr"]
+    from ._patched import ProcessPoolExecutor as ours
     for module, key in ((process_module, "class"), (package, "package")):
+        if module.__dict__.get(NAME, ours) is not ours:
+            continue   # someone else's since: theirs to keep
         if _saved[key] is _MISSING:
             module.__dict__.pop(NAME, None)
         else:
@@ -151,58 +153,8 @@ def _restore() -> None:
     _saved.clear()
 
 
-# -- the start-up hook -----------------------------------------------------------------
-
 def interpreter_key() -> str:
-    """This interpreter, as ``ENVIRONMENT_VARIABLE`` names the one to patch."""
-    return f"{sys.version_info[0]}.{sys.version_info[1]}:{sys.prefix}"
-
-
-def patch_at_startup() -> None:
-    """Patches this process for good: at once if ``concurrent.futures.process`` is
-    imported already, else when it is imported. (The start-up hook calls it in every
-    Python process ``python -m pool run`` reaches, once it has seen that
-    ``ENVIRONMENT_VARIABLE`` names this interpreter.)"""
-    if PROCESS_MODULE in sys.modules:
-        patch()
-    else:
-        sys.meta_path.insert(0, _PatchWhenImported())
-
-
-class _PatchWhenImported:
-    """A meta path finder that finds nothing itself: it lets the other finders find
-    ``concurrent.futures.process`` and patches the module once its code has run, then
-    steps out of the import system and out of the module's loader."""
-
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
-        if name != PROCESS_MODULE:
-            return None
-        sys.meta_path.remove(self)
-        from importlib.util import find_spec
-        spec = find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        spec.loader = _LoaderThenPatch(spec.loader)  # type: ignore[assignment]
-        return spec
-
-
-class _LoaderThenPatch:
-    """The module's own loader, then ``patch()``; the module keeps its own loader."""
-
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def create_module(self, spec: Any) -> ModuleType | None:
-        created: Callable[[Any], ModuleType | None] | None = getattr(
-            self._loader, "create_module", None)
-        return None if created is None else created(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        module.__loader__ = self._loader
-        if module.__spec__ is not None:
-            module.__spec__.loader = self._loader
-        self._loader.exec_module(module)
-        _patch(module)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
+    """This interpreter, as ``ENVIRONMENT_VARIABLE`` names the one to patch (the start-up
+    hook, ``pool/_startup/sitecustomize.py``, builds the same key itself)."""
+    return (f"{sys.version_info[0]}.{sys.version_info[1]}{getattr(sys, 'abiflags', '')}:"
+            f"{sys.prefix}")

@@ -21,6 +21,8 @@ from ._executor import ProcessPool
 
 
 class ProcessPoolExecutor(ProcessPool):
+    # (Named as the class it stands in for, though pool.ProcessPoolExecutor is another:
+    # code written for the stdlib may print or check type(executor).__name__.)
     """``pool.ProcessPoolExecutor`` as ``pool.patch()`` gives it to code written for the
     stdlib's: with no ``mp_context``, the start method is the one the stdlib would use
     (``multiprocessing.get_context()``, or ``spawn`` with ``max_tasks_per_child``), not

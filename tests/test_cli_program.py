@@ -243,3 +243,33 @@ def test_standard_input_and_a_script_without_a_shebang_run_as_python_and_sh_woul
     proc = subprocess.run([*RUN, str(script), "y"], capture_output=True, text=True,
                           timeout=60)
     assert (proc.returncode, proc.stdout) == (0, f"sh ran {script} with y\n"), proc.stderr
+
+
+def test_names_are_found_as_a_shell_and_python_would_find_them(tmp_path):
+    bin_directory = tmp_path / "bin"
+    bin_directory.mkdir()
+    tool = bin_directory / "tool"
+    tool.write_text("#!/bin/sh\necho tool from PATH\n")
+    (bin_directory / "onpath.py").write_text(f"#!{sys.executable}\nprint('onpath.py from PATH')\n")
+    for script in bin_directory.iterdir():
+        script.chmod(0o755)
+    (tmp_path / "tool").mkdir()                   # a directory named like it, here
+    (tmp_path / "here.py").write_text("print('here.py from here')\n")
+    (tmp_path / "bad-interpreter").write_text("#!/no/such/python\n")
+    (tmp_path / "bad-interpreter").chmod(0o755)
+    path = f"{bin_directory}{os.pathsep}{os.environ['PATH']}"
+    for arguments, status, out in [(["tool"], 0, "tool from PATH\n"),
+                                   (["here.py"], 0, "here.py from here\n"),
+                                   (["onpath.py"], 0, "onpath.py from PATH\n"),
+                                   (["./bad-interpreter"], 127, "")]:
+        got = finish(start(arguments, tmp_path, PATH=path))
+        assert got[:2] == (status, out), got
+
+
+def test_empty_entries_of_the_pythonpath_stay_the_working_directory(tmp_path):
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "only_here.py").write_text("print('imported from here')\n")
+    (tmp_path / "program.py").write_text("import only_here\n")
+    proc = start([str(tmp_path / "program.py")], tmp_path / "here",
+                 PYTHONPATH=f"{os.pathsep}/no/such/directory")
+    assert finish(proc)[:2] == (0, "imported from here\n")

@@ -57,12 +57,6 @@ def test_nested_patches_undo_in_turn_and_undoing_twice_does_nothing():
     assert stdlib_names() == (STDLIB_CLASS, STDLIB_CLASS)
 
 
-def test_a_name_bound_before_the_patch_keeps_the_stdlib_class():
-    from concurrent.futures import ProcessPoolExecutor as bound_before
-    with pool.patch():
-        assert bound_before is STDLIB_CLASS
-
-
 def test_a_patched_pool_is_pools(tmp_path):
     # What a library that builds its own pool gets: a worker's death fails one task.
     proc = run_python("""
@@ -125,11 +119,11 @@ def test_the_startup_hook_patches_when_the_module_is_imported_and_imports_nothin
     proc = run_python(with_facts("""
         before = "concurrent.futures.process" in sys.modules
         import concurrent.futures.process
-        imported = "pool._patched" in sys.modules
+        imported = [name for name in sys.modules if name.split(".")[0] == "pool"]
         facts(before=before, imported=imported)
         """), tmp_path, hook=True)
     facts = json.loads(proc.stdout)
-    assert facts == dict(facts, before=False, imported=False, patched=True,
+    assert facts == dict(facts, before=False, imported=[], patched=True,
                          executor_imported=True, startup_on_path=False, finder_left=False,
                          loader="SourceFileLoader"), proc.stderr
     assert proc.stderr == ""
@@ -181,25 +175,85 @@ def test_the_startup_hook_reports_an_error_of_the_sitecustomize_it_shadows_as_si
     assert json.loads(hooked.stdout)["patched"]
 
 
-def test_patch_at_startup_patches_at_once_when_the_module_is_imported_already(tmp_path):
-    proc = run_python(with_facts("""
-        import concurrent.futures.process
-        from pool import _patch
-        _patch.patch_at_startup()
+def test_the_startup_hook_patches_at_once_when_the_module_is_imported_already(tmp_path):
+    # (As when a .pth file imported it: run the hook by hand, after the import.)
+    proc = run_python(with_facts(f"""
+        import concurrent.futures.process, os, runpy, types
+        sys.modules["sitecustomize"] = types.ModuleType("sitecustomize")
+        os.environ["POOL_PATCH"] = {_patch.interpreter_key()!r}
+        runpy.run_path({str(Path(STARTUP_DIRECTORY) / "sitecustomize.py")!r},
+                       run_name="sitecustomize")
         facts()
         """), tmp_path)
     facts = json.loads(proc.stdout)
     assert facts["patched"] and not facts["finder_left"], proc.stderr
 
 
+def test_the_startup_hook_does_nothing_when_imported_as_part_of_pool(tmp_path):
+    # (Tools that import every module: pytest --doctest-modules, sphinx, pdoc.)
+    proc = run_python(with_facts("""
+        import pool._startup.sitecustomize
+        facts()
+        """), tmp_path, hook=False)
+    facts = json.loads(proc.stdout)
+    assert not facts["patched"] and not facts["finder_left"], proc.stderr
+
+
+def test_the_startup_hook_survives_a_find_spec_before_the_import(tmp_path):
+    proc = run_python(with_facts("""
+        import importlib.util
+        assert importlib.util.find_spec("concurrent.futures.process") is not None
+        import concurrent.futures.process
+        facts()
+        """), tmp_path, hook=True)
+    facts = json.loads(proc.stdout)
+    assert facts["patched"] and not facts["finder_left"], proc.stderr
+
+
+def test_a_program_with_a_module_of_its_own_named_pool_keeps_it(tmp_path):
+    (tmp_path / "pool.py").write_text("def make():\n    return 'my own pool'\n")
+    proc = run_python("""
+        import pool
+        print(pool.make())
+        import concurrent.futures
+        print(concurrent.futures.ProcessPoolExecutor.__module__)
+        """, tmp_path, hook=True)
+    assert proc.stdout == "my own pool\nconcurrent.futures.process\n", proc.stderr
+    assert proc.stderr == ("pool: this program has a module of its own named pool, so its "
+                           "process pools stay the stdlib's (python -m pool run cannot "
+                           "import pool's)\n")
+
+
+def test_pools_class_is_pools_even_beside_a_pool_py_not_imported_yet(tmp_path):
+    # The program's directory comes first on sys.path: pool's own must still be found.
+    (tmp_path / "pool.py").write_text("raise SystemExit('the wrong pool was imported')\n")
+    proc = run_python("""
+        import concurrent.futures
+        print(concurrent.futures.ProcessPoolExecutor.__module__)
+        """, tmp_path, hook=True)
+    assert proc.stdout == "pool._patched\n", proc.stderr
+
+
+def test_the_startup_hook_starts_the_program_with_standard_error_closed(tmp_path):
+    code = "import concurrent.futures as f; print(f.ProcessPoolExecutor.__module__)"
+    for key in (_patch.interpreter_key(), "3.0:/another/python"):
+        proc = subprocess.run(
+            ["sh", "-c", f'POOL_RUN_PID=$$ exec "{sys.executable}" -c "{code}" 2>&-'],
+            capture_output=True, text=True, timeout=60, env=dict(
+                os.environ, PYTHONPATH=STARTUP_DIRECTORY, POOL_PATCH=key))
+        assert proc.returncode == 0, proc.stdout
+        assert proc.stdout in ("pool._patched\n", "concurrent.futures.process\n")
+
+
 def test_the_startup_hook_and_pool_run_name_this_interpreter_alike(tmp_path):
-    code = ('import sys; print("%d.%d:%s" % (sys.version_info[0], sys.version_info[1], '
-            'sys.prefix))')
+    code = ('import sys; print("%d.%d%s:%s" % (sys.version_info[0], sys.version_info[1], '
+            'getattr(sys, "abiflags", ""), sys.prefix))')
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert proc.stdout.strip() == _patch.interpreter_key()
     source = (Path(STARTUP_DIRECTORY) / "sitecustomize.py").read_text()
-    assert '"%d.%d:%s" % (sys.version_info[0], sys.version_info[1], sys.prefix)' in source
+    assert ('key = "%d.%d%s:%s" % (sys.version_info[0], sys.version_info[1],\n'
+            '                          getattr(sys, "abiflags", ""), sys.prefix)') in source
 
 
 @pytest.mark.parametrize("name", ["concurrent.futures", "concurrent.futures.process"])
@@ -210,6 +264,7 @@ def test_patching_keeps_what_a_name_looked_up_before_gives(name, tmp_path):
         import concurrent.futures, concurrent.futures.process, importlib
         import pool
         module = importlib.import_module({name!r})
+        module.ProcessPoolExecutor   # (looked up once before the patch)
         looked_up = "ProcessPoolExecutor" in vars(concurrent.futures)
         with pool.patch():
             inside = module.ProcessPoolExecutor.__module__ == "pool._patched"
@@ -219,9 +274,22 @@ def test_patching_keeps_what_a_name_looked_up_before_gives(name, tmp_path):
         print(looked_up, inside, after, left)
         """, tmp_path)
     if name == "concurrent.futures":
-        assert proc.stdout.split() == ["False", "True", "True", "True"], proc.stderr
+        assert proc.stdout.split() == ["True", "True", "True", "True"], proc.stderr
     else:
         assert proc.stdout.split() == ["False", "True", "True", "False"], proc.stderr
+
+
+def test_undo_leaves_a_name_someone_else_replaced_since():
+    class Other:
+        pass
+    patched = pool.patch()
+    process_module.ProcessPoolExecutor = Other
+    try:
+        patched.undo()
+        assert process_module.ProcessPoolExecutor is Other
+    finally:
+        process_module.ProcessPoolExecutor = STDLIB_CLASS
+    assert stdlib_names() == (STDLIB_CLASS, STDLIB_CLASS)
 
 
 def test_the_patched_class_takes_the_stdlibs_start_method_when_given_none():
@@ -239,6 +307,19 @@ def test_the_patched_class_takes_the_stdlibs_start_method_when_given_none():
             stdlib.shutdown()
             patched.shutdown()
     assert issubclass(PATCHED, pool.ProcessPoolExecutor)
+
+
+def test_the_patched_class_takes_the_start_method_the_program_set(tmp_path):
+    proc = run_python("""
+        import multiprocessing
+        from pool._patched import ProcessPoolExecutor
+        if __name__ == "__main__":
+            multiprocessing.set_start_method("spawn")
+            executor = ProcessPoolExecutor(1)
+            print(executor._mp_context.get_start_method())
+            executor.shutdown()
+        """, tmp_path)
+    assert proc.stdout == "spawn\n", proc.stderr
 
 
 def test_tqdms_process_map_counts_every_task_on_the_patched_class(tmp_path):

@@ -37,7 +37,8 @@ EXPECTED = {
         r"while running task 7: __main__\.killed\(\)$", r"^timed out$", r"^stopped$", r"^144$"],
     6: [r"^0 0$", r"^2 BrokenProcessPool: A process in the process pool was terminated "
         r"abruptly"],   # (run as written, on the stdlib; under pool run: below)
-    7: [r"^True$"],
+    7: [r"^<class 'pool\._patched\.ProcessPoolExecutor'>$", r"^True$",
+        r"^<class 'concurrent\.futures\.process\.ProcessPoolExecutor'>$"],
 }
 SQUARES = 6
 

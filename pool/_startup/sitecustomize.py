@@ -2,50 +2,164 @@
 ``PYTHONPATH`` imports this module as ``sitecustomize`` while it starts (``site`` does).
 
 Runs in: any Python process that inherits the environment, in its main thread, before the
-program's own code; possibly another interpreter, so it uses only what every Python 3 has.
-Guarantees: the interpreter ``POOL_PATCH`` names, and only that one, patches
-``concurrent.futures`` (pool's ``_patch.patch_at_startup``; ``_patch.interpreter_key`` is
-the same key, which the tests check); every process then goes on as if this module were not there:
-its directory leaves ``sys.path``, and the ``sitecustomize`` it shadows (a distribution's
-or a virtual environment's) is imported in its place, with its errors reported as ``site``
-reports them.
+program's own code; possibly another interpreter, so it uses only what every Python 3 has,
+and it imports nothing of pool (a program may have a module of its own named ``pool``).
+Guarantees: in the interpreter ``POOL_PATCH`` names, and only there,
+``concurrent.futures.process.ProcessPoolExecutor`` (and so ``concurrent.futures``'s) gives
+``pool._patched.ProcessPoolExecutor`` once the module is imported: pool is imported at the
+first lookup of the name, not before. Every process then goes on as if this module were
+not there: its directory leaves ``sys.path``, and the ``sitecustomize`` it shadows (a
+distribution's or a virtual environment's) is imported in its place, with its errors
+reported as ``site`` reports them. It never keeps a program from starting.
+Assumes: ``pool/_patch.py`` names this interpreter the same way (``interpreter_key``; the
+tests compare the two).
 """
 
 import os
 import sys
 
+MYPY = False
+if MYPY:   # (what only the type checker reads: typing costs a start-up to import)
+    from typing import Any
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_POOL_PACKAGE = os.path.dirname(_HERE)
+_PROCESS_MODULE = "concurrent.futures.process"
+_NAME = "ProcessPoolExecutor"
+
 
 def _start():  # type: () -> None
-    here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [entry for entry in sys.path
-                   if not entry or os.path.abspath(entry) != here]
-    key = "%d.%d:%s" % (sys.version_info[0], sys.version_info[1], sys.prefix)
+                   if not entry or os.path.abspath(entry) != _HERE]
+    key = "%d.%d%s:%s" % (sys.version_info[0], sys.version_info[1],
+                          getattr(sys, "abiflags", ""), sys.prefix)
     wanted = os.environ.get("POOL_PATCH")
     # The program itself (the pid pool run had, kept across exec) says if it is not the
     # interpreter pool run patches; the processes it starts say nothing.
     if os.environ.get("POOL_RUN_PID") == str(os.getpid()):
         del os.environ["POOL_RUN_PID"]
         if wanted and wanted != key:
-            sys.stderr.write(
-                "pool: this program runs on %s (Python %s), not on the Python that ran "
-                "python -m pool run (%s): its process pools are not pool's\n"
-                % (sys.executable, key, wanted))
+            _say("pool: this program runs on %s (Python %s), not on the Python that ran "
+                 "python -m pool run (%s): its process pools are not pool's"
+                 % (sys.executable, key, wanted))
     if wanted == key:
-        try:
-            from pool._patch import patch_at_startup
-            patch_at_startup()
-        except Exception as exc:   # (never keep the program from starting)
-            sys.stderr.write("pool: python -m pool run cannot patch this process (%s: %s)\n"
-                             % (type(exc).__name__, exc))
-    this = sys.modules.pop("sitecustomize")
+        if _PROCESS_MODULE in sys.modules:   # (a .pth file imported it)
+            _take_over(sys.modules[_PROCESS_MODULE])
+        else:
+            sys.meta_path.insert(0, _PatchWhenImported())
+    _import_the_shadowed_sitecustomize()
+
+
+def _take_over(module):  # type: (object) -> None
+    """The module's ProcessPoolExecutor becomes pool's, looked up on first use."""
+    namespace = module.__dict__
+    original = namespace.pop(_NAME, None)
+
+    def __getattr__(name):  # type: (str) -> object
+        if name != _NAME:
+            raise AttributeError("module %r has no attribute %r" % (_PROCESS_MODULE, name))
+        found = _pool_class(original)
+        if namespace.get("__getattr__") is __getattr__:   # (unless undone meanwhile)
+            namespace[_NAME] = found   # (later lookups do not come here)
+        return found
+
+    namespace["__getattr__"] = __getattr__
+
+
+def _pool_class(original):  # type: (object) -> object
+    """pool's class, from the pool this hook belongs to; else, said why, the stdlib's."""
+    loaded = sys.modules.get("pool")
+    if loaded is not None and not _is_this_pool(loaded):
+        _say("pool: this program has a module of its own named pool, so its process "
+             "pools stay the stdlib's (python -m pool run cannot import pool's)")
+        return original
+    # The directory pool was installed in, first while pool is imported: a pool.py of
+    # the program's own beside its script must not be taken for it.
+    sys.path.insert(0, os.path.dirname(_POOL_PACKAGE))
+    try:
+        from pool._patched import ProcessPoolExecutor
+        return ProcessPoolExecutor
+    except Exception as exc:   # (never keep the program from running)
+        _say("pool: python -m pool run cannot patch this process (%s: %s)"
+             % (type(exc).__name__, exc))
+        return original
+    finally:
+        del sys.path[0]
+
+
+def _is_this_pool(module):  # type: (object) -> bool
+    path = getattr(module, "__file__", None) or ""
+    return os.path.dirname(os.path.abspath(path)) == _POOL_PACKAGE
+
+
+class _PatchWhenImported(object):
+    """A meta path finder that finds nothing itself: it has the finders after it find
+    ``concurrent.futures.process``, and patches the module once its code has run; then it
+    leaves the import system (``sys.meta_path`` is rebound, not changed in place: another
+    thread may be going through it)."""
+
+    def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
+        if name != _PROCESS_MODULE:
+            return None
+        finders = list(sys.meta_path)
+        if self not in finders:
+            return None
+        for finder in finders[finders.index(self) + 1:]:
+            find = getattr(finder, "find_spec", None)
+            spec = find(name, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _LoaderThenPatch(spec.loader, self)
+        return spec
+
+
+class _LoaderThenPatch(object):
+    """The module's own loader, then the patch; the module keeps its own loader."""
+
+    def __init__(self, loader, finder):  # type: (Any, object) -> None
+        self._loader = loader
+        self._finder = finder
+
+    def create_module(self, spec):  # type: ignore[no-untyped-def]
+        create = getattr(self._loader, "create_module", None)
+        return None if create is None else create(spec)
+
+    def exec_module(self, module):  # type: ignore[no-untyped-def]
+        module.__loader__ = self._loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        sys.meta_path = [finder for finder in sys.meta_path if finder is not self._finder]
+        _take_over(module)
+
+    def __getattr__(self, name):  # type: ignore[no-untyped-def]
+        return getattr(self._loader, name)
+
+
+def _import_the_shadowed_sitecustomize():  # type: () -> None
+    this = sys.modules.pop("sitecustomize", None)
     try:
         __import__("sitecustomize")   # (the one this module shadows, if any)
     except ImportError as exc:
         # (The import that runs this module takes sys.modules["sitecustomize"] as its
         # result when this module ends: it must hold a module.)
-        sys.modules["sitecustomize"] = this
+        if this is not None:
+            sys.modules["sitecustomize"] = this
         if getattr(exc, "name", "sitecustomize") != "sitecustomize":  # (no name: 2.7)
             raise
 
 
-_start()
+def _say(text):  # type: (str) -> None
+    try:
+        if sys.stderr is not None:   # (a program started with standard error closed)
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+    except Exception:
+        pass
+
+
+if __name__ == "sitecustomize":   # (not when a tool imports pool._startup.sitecustomize)
+    _start()
