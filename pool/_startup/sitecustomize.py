@@ -18,10 +18,6 @@ tests compare the two).
 import os
 import sys
 
-MYPY = False
-if MYPY:   # (what only the type checker reads: typing costs a start-up to import)
-    from typing import Any
-
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _POOL_PACKAGE = os.path.dirname(_HERE)
 _PROCESS_MODULE = "concurrent.futures.process"
@@ -112,14 +108,15 @@ class _PatchWhenImported(object):
         else:
             return None
         if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _LoaderThenPatch(spec.loader, self)
+            then_patch = _LoaderThenPatch(spec.loader, self)  # type: ignore[no-untyped-call]
+            spec.loader = then_patch
         return spec
 
 
 class _LoaderThenPatch(object):
     """The module's own loader, then the patch; the module keeps its own loader."""
 
-    def __init__(self, loader, finder):  # type: (Any, object) -> None
+    def __init__(self, loader, finder):  # type: ignore[no-untyped-def]
         self._loader = loader
         self._finder = finder
 
