@@ -22,6 +22,7 @@ other workers' task pipes.
 
 from __future__ import annotations
 
+import multiprocessing.util
 import os
 import signal
 import threading
@@ -31,6 +32,26 @@ from typing import Any, Callable, NamedTuple
 from . import _frames, _limits, _pipes, _teardown
 from ._frames import Frame, FrameReader, Kind
 from ._worker import DUMP_SIGNAL, InheritedFd, Initializer, WorkerSetup, worker_main
+
+# multiprocessing flushes the parent's standard streams before it starts any process
+# (Popen.__init__). On the dispatcher thread, that would block the whole pool for as
+# long as the program's own output is blocked (a full pipe, a paused pager): no reply
+# delivered, no death seen, no timeout fired. The pool has no need of it: a forked worker
+# drops what it inherited unwritten (_worker._drop_inherited_output), a spawned one
+# inherits nothing. So the starts the dispatcher makes skip it; every other start, in
+# this process or any other, flushes as before. (Keyed by pid too: a forked child keeps
+# a copy of the starting thread's state.)
+_starting_worker = threading.local()
+_flush_std_streams = multiprocessing.util._flush_std_streams  # type: ignore[attr-defined]
+
+
+def _flush_unless_the_pool_starts_a_worker() -> None:
+    if getattr(_starting_worker, "pid", None) != os.getpid():
+        _flush_std_streams()
+
+
+multiprocessing.util._flush_std_streams = (  # type: ignore[attr-defined]
+    _flush_unless_the_pool_starts_a_worker)
 
 # How long a worker whose sentinel fired may take to become reapable: the sentinel can
 # report the exit a moment before the kernel lets the process be reaped.
@@ -218,7 +239,11 @@ class WorkerHandle:
                                 max_tasks=max_tasks, max_memory=max_memory,
                                 fds_to_close=to_close, forked=inherited_fds is not None)
             process = ctx.Process(target=worker_main, args=(setup,), name=name)
-            process.start()
+            _starting_worker.pid = os.getpid()
+            try:
+                process.start()
+            finally:
+                _starting_worker.pid = None
         except BaseException as exc:
             _teardown.close_fds(*opened)
             _release_failed_start(exc)
