@@ -96,23 +96,25 @@ def run_program(arguments: Sequence[str]) -> int:
                       f"(python {first} -m pool run ...); put -- before a PROGRAM that "
                       f"starts with -")
     program, rest = arguments[0], arguments[1:]
-    python = [sys.executable, *_flags(), program, *rest]
+
+    def by_python() -> int:
+        return _exec(sys.executable, [sys.executable, *_flags(), program, *rest])
+
     if program == "-":
-        return _exec(sys.executable, python)
+        return by_python()
     if os.sep in program:
         if program.endswith(_PYTHON_SUFFIXES) or os.path.isdir(program):
-            return _exec(sys.executable, python)
+            return by_python()
         return _exec(program, [program, *rest])
     # A bare name: as python would take app.py (from here), as a shell would take black
     # (from PATH); a name that is neither, from wherever it is.
-    here = os.path.exists(program)
-    if here and program.endswith(_PYTHON_SUFFIXES):
-        return _exec(sys.executable, python)
+    if os.path.exists(program) and program.endswith(_PYTHON_SUFFIXES):
+        return by_python()
     found = shutil.which(program)
     if found is not None:
         return _exec(found, [program, *rest])
     if program.endswith(_PYTHON_SUFFIXES) or os.path.isdir(program):
-        return _exec(sys.executable, python)   # (python says what is wrong with it)
+        return by_python()   # (python says what is wrong with it)
     _say(f"python -m pool run: {program}: command not found")
     return EXIT_NOT_FOUND
 
@@ -140,7 +142,7 @@ def _exec(path: str, argv: list[str]) -> int:
         try:
             os.execve(path, argv, environment)
         except OSError as exc:
-            if exc.errno != errno.ENOEXEC:
+            if exc.errno != errno.ENOEXEC or not _is_text(path):
                 raise
             # An executable text without "#!": a shell runs it with sh, so this does.
             os.execve("/bin/sh", ["sh", path, *argv[1:]], environment)
@@ -149,6 +151,17 @@ def _exec(path: str, argv: list[str]) -> int:
         # (As a shell: 127 for what is not there, the program or its #! interpreter.)
         return EXIT_NOT_FOUND if exc.errno == errno.ENOENT else EXIT_NOT_RUNNABLE
     raise AssertionError("execve returned")   # (it only returns by raising)
+
+
+def _is_text(path: str) -> bool:
+    """What a shell checks before it runs a file with sh: no NUL byte in its first line
+    (a program built for another machine is not one)."""
+    try:
+        with open(path, "rb") as program:
+            head = program.read(256)
+    except OSError:
+        return False
+    return b"\0" not in head.split(b"\n", 1)[0]
 
 
 def _flags() -> list[str]:

@@ -292,6 +292,15 @@ class ProcessPool(Executor):
             # the child that module's import lock, held by a thread it does not have.
             for name in _WORKER_MODULES:
                 importlib.import_module(name)
+        # What the program printed before its first task comes out before what workers
+        # print (the stdlib flushes before each start; the pool's thread does not: a full
+        # stdout pipe would hold up the whole pool). Here, in the caller's thread, once.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                if stream is not None:
+                    stream.flush()
+            except (OSError, ValueError, AttributeError):
+                pass
         self._main_checked = True
 
     def stats(self) -> PoolStats:

@@ -116,11 +116,14 @@ def _take_over(process_module: ModuleType) -> None:
         if name == NAME:
             from ._patched import ProcessPoolExecutor
             with _lock:
-                if process_module.__dict__.get("__getattr__") is not __getattr__:
-                    # Undone while the class was being imported: what the name holds now.
-                    return getattr(process_module, NAME)
-                process_module.__dict__[NAME] = ProcessPoolExecutor  # (no more lookups here)
-            return ProcessPoolExecutor
+                still_patched = process_module.__dict__.get("__getattr__") is __getattr__
+                if still_patched:
+                    process_module.__dict__[NAME] = ProcessPoolExecutor  # (no more here)
+            if still_patched:
+                return ProcessPoolExecutor
+            # Undone while the class was being imported: what the name holds now (looked
+            # up outside the lock: it may be another patch's __getattr__, which takes it).
+            return getattr(process_module, NAME)
         if previous is not _MISSING:
             return previous(name)
         raise AttributeError(f"module {PROCESS_MODULE!r} has no attribute {name!r}")
@@ -142,7 +145,9 @@ def _restore() -> None:
             del process_module.__dict__["__getattr__"]
         else:
             process_module.__dict__["__getattr__"] = _saved["getattr"]
-    from ._patched import ProcessPoolExecutor as ours
+    # (Not imported, if no lookup ever needed it: then no name holds it.)
+    patched = sys.modules.get(f"{__package__}._patched")
+    ours = getattr(patched, NAME, None)
     for module, key in ((process_module, "class"), (package, "package")):
         if module.__dict__.get(NAME, ours) is not ours:
             continue   # someone else's since: theirs to keep

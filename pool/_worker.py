@@ -26,7 +26,6 @@ below; under ``fork`` it also inherited the parent's other pool descriptors, lis
 from __future__ import annotations
 
 import faulthandler
-import io
 import itertools
 import os
 import pickle
@@ -34,7 +33,6 @@ import select
 import signal
 import sys
 import threading
-import time
 from collections import OrderedDict
 from typing import Any, Callable
 
@@ -42,6 +40,7 @@ from multiprocessing import context as _context
 from multiprocessing import reduction
 
 from . import _exit, _frames, _pickling, _pipes
+from ._worker_streams import drop_inherited_output
 from ._frames import Kind
 
 # The reply pipe of this worker and the id of the task it runs, for tests that must write
@@ -199,7 +198,7 @@ def worker_main(setup: WorkerSetup) -> None:
     """The ``target`` of every worker Process."""
     global _reply_fd
     if setup.forked:
-        _drop_inherited_output()
+        drop_inherited_output()
     for fd in setup.fds_to_close:  # only under fork: the parent's other pool descriptors
         try:
             os.close(fd)
@@ -231,95 +230,6 @@ def worker_main(setup: WorkerSetup) -> None:
         pass  # the parent closed our reply pipe: it is gone or giving up on us
     finally:
         faulthandler.disable()
-
-
-def _drop_inherited_output() -> None:
-    """Under fork, throw away the text the standard streams inherited unwritten.
-
-    The pool forks from its dispatcher thread (and skips multiprocessing's flush before
-    it: see _worker_handle): what the parent's threads printed and had not written yet is
-    still in the buffers the child inherited, and the child would print it again when it
-    exits (seen as duplicated lines of ``python -m pool demo --start-method fork``). That
-    text is the parent's, which prints it itself. So each stream is flushed into
-    ``/dev/null``: its descriptor points there for that moment. The stream objects stay as
-    they are (a logging handler holding one, ``-u`` unbuffered streams, the user's own
-    wrappers).
-
-    But a buffered stream that a thread of the parent was writing to at the moment of the
-    fork has its lock taken, by a thread this process does not have: flushing it would
-    never return (nor would the flush multiprocessing makes as the worker exits). So each
-    flush runs in a thread of its own; a stream whose flush has not ended after
-    ``STUCK_FLUSH_SECONDS`` is replaced, in ``sys``, by a new one on its descriptor, and
-    left alone for good (never flushed or closed: a forked worker ends by ``os._exit``).
-    """
-    streams = {id(stream): stream for stream in (sys.stdout, sys.stderr, sys.__stdout__,
-                                                 sys.__stderr__) if stream is not None}
-    fd_of: dict[int, int] = {}
-    for key, stream in streams.items():
-        try:
-            fd_of[key] = stream.fileno()
-        except (AttributeError, ValueError, OSError):
-            pass  # not on a descriptor (replaced, or closed): nothing of the parent's to drop
-    try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-    except OSError:
-        return
-    saved: dict[int, tuple[int, bool]] = {}
-    try:
-        for fd in set(fd_of.values()):
-            try:
-                saved[fd] = (os.dup(fd), os.get_inheritable(fd))
-                os.dup2(devnull, fd)
-            except OSError:
-                continue
-        stuck = _flush_each(list(streams.values()))
-    finally:
-        for fd, (copy, inheritable) in saved.items():
-            os.dup2(copy, fd, inheritable=inheritable)
-            os.close(copy)
-        os.close(devnull)
-    for stream in stuck:
-        _replace_stuck_stream(stream, fd_of.get(id(stream)))
-
-
-# How long flushing a stream into /dev/null may take before its lock counts as held by a
-# thread of the parent (it takes microseconds otherwise).
-STUCK_FLUSH_SECONDS = 0.5
-_abandoned_streams: list[Any] = []   # (kept, so that nothing ever finalizes them)
-
-
-def _flush_each(streams: list[Any]) -> list[Any]:
-    """Flushes each stream in a thread of its own; returns those whose flush did not end."""
-    def flush(stream: Any) -> None:
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    flushing = [(stream, threading.Thread(target=flush, args=(stream,), daemon=True,
-                                          name="pool-worker-flush")) for stream in streams]
-    for _, thread in flushing:
-        thread.start()
-    deadline = time.monotonic() + STUCK_FLUSH_SECONDS
-    for _, thread in flushing:
-        thread.join(max(0.0, deadline - time.monotonic()))
-    return [stream for stream, thread in flushing if thread.is_alive()]
-
-
-def _replace_stuck_stream(stuck: Any, fd: int | None) -> None:
-    _abandoned_streams.append(stuck)
-    if fd is None:
-        return
-    try:
-        fresh = io.TextIOWrapper(
-            io.open(fd, "wb", closefd=False), encoding=getattr(stuck, "encoding", None),
-            errors=getattr(stuck, "errors", None),
-            line_buffering=getattr(stuck, "line_buffering", False),
-            write_through=getattr(stuck, "write_through", False))
-    except (OSError, ValueError, LookupError):
-        return
-    for name in ("stdout", "stderr", "__stdout__", "__stderr__"):
-        if getattr(sys, name, None) is stuck:
-            setattr(sys, name, fresh)
 
 
 def _become_group_leader() -> None:

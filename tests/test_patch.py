@@ -224,10 +224,28 @@ def test_a_program_with_a_module_of_its_own_named_pool_keeps_it(tmp_path):
                            "import pool's)\n")
 
 
-def test_pools_class_is_pools_even_beside_a_pool_py_not_imported_yet(tmp_path):
-    # The program's directory comes first on sys.path: pool's own must still be found.
-    (tmp_path / "pool.py").write_text("raise SystemExit('the wrong pool was imported')\n")
+def test_a_pool_py_of_the_programs_own_imported_after_the_lookup_is_its_own(tmp_path):
+    # The program's directory comes first on sys.path: its pool.py is what "import pool"
+    # gives it, so the hook leaves the name to it (and says so) rather than take it.
+    (tmp_path / "pool.py").write_text("def make():\n    return 'my own pool'\n")
     proc = run_python("""
+        import concurrent.futures
+        print(concurrent.futures.ProcessPoolExecutor.__module__)
+        import pool
+        print(pool.make())
+        """, tmp_path, hook=True)
+    assert proc.stdout == "concurrent.futures.process\nmy own pool\n", proc.stderr
+    assert "has a module of its own named pool" in proc.stderr
+
+
+def test_the_hook_finds_pool_where_it_is_when_the_program_cannot_import_it(tmp_path):
+    # (As when pool run is started from a source tree that is not installed: here,
+    # a program whose path leaves site-packages out.)
+    proc = run_python("""
+        import sys
+        sys.path[:] = [entry for entry in sys.path if "-packages" not in entry]
+        sys.meta_path[:] = [finder for finder in sys.meta_path   # (an editable install's)
+                            if "editable" not in getattr(finder, "__module__", "")]
         import concurrent.futures
         print(concurrent.futures.ProcessPoolExecutor.__module__)
         """, tmp_path, hook=True)
@@ -242,7 +260,8 @@ def test_the_startup_hook_starts_the_program_with_standard_error_closed(tmp_path
             capture_output=True, text=True, timeout=60, env=dict(
                 os.environ, PYTHONPATH=STARTUP_DIRECTORY, POOL_PATCH=key))
         assert proc.returncode == 0, proc.stdout
-        assert proc.stdout in ("pool._patched\n", "concurrent.futures.process\n")
+        assert proc.stdout == ("pool._patched\n" if key == _patch.interpreter_key()
+                               else "concurrent.futures.process\n")
 
 
 def test_the_startup_hook_and_pool_run_name_this_interpreter_alike(tmp_path):

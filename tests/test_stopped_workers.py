@@ -15,7 +15,9 @@ import pool
 import tasks
 from helpers import process_exists, wait_until
 
-pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="POSIX signals")
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGSTOP")
+                                or not os.path.exists("/proc/self/stat"),
+                                reason="POSIX signals, and /proc to see a process stopped")
 
 
 def stop(pid: int) -> None:

@@ -64,28 +64,52 @@ def _take_over(module):  # type: (object) -> None
 
 def _pool_class(original):  # type: (object) -> object
     """pool's class, from the pool this hook belongs to; else, said why, the stdlib's."""
-    loaded = sys.modules.get("pool")
-    if loaded is not None and not _is_this_pool(loaded):
-        _say("pool: this program has a module of its own named pool, so its process "
-             "pools stay the stdlib's (python -m pool run cannot import pool's)")
-        return original
-    # The directory pool was installed in, first while pool is imported: a pool.py of
-    # the program's own beside its script must not be taken for it.
-    sys.path.insert(0, os.path.dirname(_POOL_PACKAGE))
     try:
+        if not _import_this_pool():
+            _say("pool: this program has a module of its own named pool, so its process "
+                 "pools stay the stdlib's (python -m pool run cannot import pool's)")
+            return original
         from pool._patched import ProcessPoolExecutor
         return ProcessPoolExecutor
     except Exception as exc:   # (never keep the program from running)
         _say("pool: python -m pool run cannot patch this process (%s: %s)"
              % (type(exc).__name__, exc))
         return original
-    finally:
-        del sys.path[0]
 
 
-def _is_this_pool(module):  # type: (object) -> bool
-    path = getattr(module, "__file__", None) or ""
-    return os.path.dirname(os.path.abspath(path)) == _POOL_PACKAGE
+def _import_this_pool():  # type: () -> bool
+    """Imports the pool this hook belongs to, as ``pool``; False if ``pool`` is, or would
+    be, a module of the program's own (which then stays the program's)."""
+    loaded = sys.modules.get("pool")
+    if loaded is not None:
+        return _is_this_pool(getattr(loaded, "__file__", None))
+    import importlib.util
+    spec = importlib.util.find_spec("pool")
+    if spec is not None:
+        if not _is_this_pool(spec.origin):
+            return False
+        __import__("pool")
+        return True
+    # Not importable from the program's path (pool run from a source tree, say): from
+    # where this hook is, without changing the path.
+    spec = importlib.util.spec_from_file_location(
+        "pool", os.path.join(_POOL_PACKAGE, "__init__.py"),
+        submodule_search_locations=[_POOL_PACKAGE])
+    if spec is None or spec.loader is None:
+        return False
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["pool"] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules["pool"]
+        raise
+    return True
+
+
+def _is_this_pool(path):  # type: (object) -> bool
+    return (isinstance(path, str)
+            and os.path.realpath(os.path.dirname(path)) == os.path.realpath(_POOL_PACKAGE))
 
 
 class _PatchWhenImported(object):
