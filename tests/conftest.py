@@ -79,7 +79,7 @@ def _start_multiprocessing_helpers() -> None:
     resource_tracker.ensure_running()
     # The first import of ctypes (tests/tasks.py has it) makes a callback, for which some
     # builds of libffi open a descriptor they keep for good: open it before any snapshot.
-    import ctypes  # noqa: F401
+    __import__("ctypes")
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,6 @@ import asyncio
 import concurrent.futures as cf
 import gc
 import itertools
-import os
 import re
 import threading
 import traceback
