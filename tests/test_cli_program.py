@@ -136,7 +136,7 @@ def test_a_program_on_another_python_is_told_its_pools_are_not_pools(tmp_path):
         """)
     proc = subprocess.run(
         ["sh", "-c", f'POOL_RUN_PID=$$ exec "{sys.executable}" -c \'{code}\''],
-        capture_output=True, text=True, timeout=60, env=dict(
+        capture_output=True, text=True, timeout=60, cwd=str(tmp_path), env=dict(
             os.environ, PYTHONPATH=str(Path(_patch.__file__).parent / "_startup"),
             POOL_PATCH="3.0:/another/python"))
     assert proc.stdout == "concurrent.futures.process\n"
@@ -191,7 +191,7 @@ def test_help_says_how_and_what_it_cannot_reach(tmp_path):
     assert out.startswith("usage: python -m pool run [--] PROGRAM [ARGS ...]")
     assert "multiprocessing.Pool" in out
     listed = subprocess.run([sys.executable, "-m", "pool", "--help"], capture_output=True,
-                            text=True, timeout=60)
+                            text=True, timeout=60, cwd=str(tmp_path))
     assert "run a program with its process pools on pool" in listed.stdout
 
 
@@ -203,7 +203,8 @@ def test_pythons_own_options_reach_the_program_as_given(tmp_path):
     environment.pop("PYTHONUNBUFFERED", None)
     proc = subprocess.run([sys.executable, "-u", "-OO", "-X", "int_max_str_digits=5000",
                            "-Werror::DeprecationWarning", "-m", "pool", "run", "-c", code],
-                          capture_output=True, text=True, timeout=60, env=environment)
+                          capture_output=True, text=True, timeout=60, cwd=str(tmp_path),
+                          env=environment)
     assert proc.stdout == ("FileIO 5000 ['error::DeprecationWarning'] 2 pool._patched\n"), (
         proc.stderr)
 
@@ -235,13 +236,13 @@ def test_the_interpreters_options_are_read_back_from_its_command_line(arguments,
 def test_standard_input_and_a_script_without_a_shebang_run_as_python_and_sh_would(tmp_path):
     proc = subprocess.run([*RUN, "-", "x"], input="import sys, concurrent.futures as f\n"
                           "print(sys.argv, f.ProcessPoolExecutor.__module__)\n",
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
     assert proc.stdout == "['-', 'x'] pool._patched\n", proc.stderr
     script = tmp_path / "no-shebang"
     script.write_text('echo "sh ran $0 with $1"\n')
     script.chmod(0o755)
     proc = subprocess.run([*RUN, str(script), "y"], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, cwd=str(tmp_path))
     assert (proc.returncode, proc.stdout) == (0, f"sh ran {script} with y\n"), proc.stderr
 
 
@@ -250,7 +251,8 @@ def test_names_are_found_as_a_shell_and_python_would_find_them(tmp_path):
     bin_directory.mkdir()
     tool = bin_directory / "tool"
     tool.write_text("#!/bin/sh\necho tool from PATH\n")
-    (bin_directory / "onpath.py").write_text(f"#!{sys.executable}\nprint('onpath.py from PATH')\n")
+    (bin_directory / "onpath.py").write_text(
+        f"#!{sys.executable}\nprint('onpath.py from PATH')\n")
     for script in bin_directory.iterdir():
         script.chmod(0o755)
     (tmp_path / "tool").mkdir()                   # a directory named like it, here

@@ -168,7 +168,8 @@ def test_the_startup_hook_reports_an_error_of_the_sitecustomize_it_shadows_as_si
     other.mkdir()
     (other / "sitecustomize.py").write_text("raise RuntimeError('broken sitecustomize')\n")
     plain = subprocess.run([sys.executable, "-c", "print('ran')"], capture_output=True,
-                           text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(other)))
+                           text=True, timeout=60, cwd=str(tmp_path),
+                           env=dict(os.environ, PYTHONPATH=str(other)))
     hooked = run_python(with_facts("facts()"), tmp_path, hook=True, pythonpath=[str(other)])
     assert "broken sitecustomize" in plain.stderr and plain.stdout == "ran\n"
     assert "broken sitecustomize" in hooked.stderr
@@ -257,7 +258,7 @@ def test_the_startup_hook_starts_the_program_with_standard_error_closed(tmp_path
     for key in (_patch.interpreter_key(), "3.0:/another/python"):
         proc = subprocess.run(
             ["sh", "-c", f'POOL_RUN_PID=$$ exec "{sys.executable}" -c "{code}" 2>&-'],
-            capture_output=True, text=True, timeout=60, env=dict(
+            capture_output=True, text=True, timeout=60, cwd=str(tmp_path), env=dict(
                 os.environ, PYTHONPATH=STARTUP_DIRECTORY, POOL_PATCH=key))
         assert proc.returncode == 0, proc.stdout
         assert proc.stdout == ("pool._patched\n" if key == _patch.interpreter_key()
@@ -268,7 +269,7 @@ def test_the_startup_hook_and_pool_run_name_this_interpreter_alike(tmp_path):
     code = ('import sys; print("%d.%d%s:%s" % (sys.version_info[0], sys.version_info[1], '
             'getattr(sys, "abiflags", ""), sys.prefix))')
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, cwd=str(tmp_path))
     assert proc.stdout.strip() == _patch.interpreter_key()
     source = (Path(STARTUP_DIRECTORY) / "sitecustomize.py").read_text()
     assert ('key = "%d.%d%s:%s" % (sys.version_info[0], sys.version_info[1],\n'
