@@ -116,6 +116,19 @@ def run_script(body: str, method: str, tmp_path: Path, *, timeout: float = 90,
     return facts, proc
 
 
+def communicate_or_kill(proc: subprocess.Popen[str], timeout: float
+                        ) -> tuple[int, str, str]:
+    """Exit status, stdout and stderr of a child started with pipes; killed (and
+    reaped) if it has not ended in ``timeout`` seconds, which then raises."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, out, err
+
+
 class Scenario:
     """A scenario script running in its own session (so its process group can be signalled
     as a terminal would), read line by line; always killed with its group on close."""

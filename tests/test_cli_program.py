@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import communicate_or_kill
 from pool import _patch
 from pool._cli_program import interpreter_options
 
@@ -58,13 +59,7 @@ def start(arguments: list[str], tmp_path: Path, *, prefix: list[str] | None = No
 
 
 def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return proc.returncode, out, err
+    return communicate_or_kill(proc, 90)
 
 
 @pytest.fixture

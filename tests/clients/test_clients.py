@@ -24,6 +24,8 @@ from typing import Callable
 
 import pytest
 
+from helpers import communicate_or_kill
+
 # A program's first run in a fresh environment compiles and imports a lot (dask, numpy).
 pytestmark = pytest.mark.timeout(300)
 
@@ -72,15 +74,9 @@ def run_both(command: list[str], tmp_path: Path, build: Callable[[Path], None],
         env.pop("POOL_PATCH", None)
         proc = subprocess.Popen([*prefix, *command], cwd=str(directory), env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            out, err = proc.communicate(timeout=240)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+        status, out, err = communicate_or_kill(proc, 240)
         records = dict(line.split() for line in probe_file.read_text().splitlines())
-        runs[name] = Ran(proc.returncode, out, err, records.get(str(proc.pid)) == "True",
-                         directory)
+        runs[name] = Ran(status, out, err, records.get(str(proc.pid)) == "True", directory)
     assert not runs["stdlib"].pool_class_used
     assert runs["pool"].pool_class_used, runs["pool"].stderr
     return runs
