@@ -27,9 +27,8 @@ The modules, by role (each opens with what it owns, runs in, guarantees and assu
 
 from __future__ import annotations
 
-# (Not typing's TYPE_CHECKING: importing typing would cost every process that imports
-# pool, and the start-up hook of ``python -m pool run`` runs in every Python it reaches.)
-TYPE_CHECKING = False
+from typing import TYPE_CHECKING, Any
+
 if TYPE_CHECKING:  # what type checkers see; at run time these load on first use (below)
     from ._aio import as_completed_async, to_process
     from ._errors import (ArgumentPicklingError, ArgumentUnpicklingError, InitializerError,
@@ -63,7 +62,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> Any:
     import importlib
     module_name = _LAZY.get(name)
     if module_name is not None:

@@ -20,6 +20,7 @@ import signal
 import sys
 from typing import Sequence
 
+from ._cli import _say
 from ._cli_options import EXIT_USAGE, flush_quietly
 from ._patch import ENVIRONMENT_VARIABLE, interpreter_key
 
@@ -213,11 +214,3 @@ def interpreter_options(arguments: Sequence[str]) -> tuple[list[str], list[str]]
 def _usage(message: str) -> int:
     _say(f"python -m pool run: error: {message}\n(python -m pool run --help shows how)")
     return EXIT_USAGE
-
-
-def _say(text: str) -> None:
-    try:
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
-    except Exception:
-        pass

@@ -37,7 +37,7 @@ from ._worker import DUMP_SIGNAL, InheritedFd, Initializer, WorkerSetup, worker_
 # (Popen.__init__). On the dispatcher thread, that would block the whole pool for as
 # long as the program's own output is blocked (a full pipe, a paused pager): no reply
 # delivered, no death seen, no timeout fired. The pool has no need of it: a forked worker
-# drops what it inherited unwritten (_worker._drop_inherited_output), a spawned one
+# drops what it inherited unwritten (_worker_streams.drop_inherited_output), a spawned one
 # inherits nothing. So the starts the dispatcher makes skip it; every other start, in
 # this process or any other, flushes as before. (Keyed by pid too: a forked child keeps
 # a copy of the starting thread's state.)
