@@ -4,25 +4,19 @@ explained failure of one task, not a broken pool.
 Swap ``from concurrent.futures import ProcessPoolExecutor`` for
 ``from pool import ProcessPoolExecutor`` (or ``ProcessPool``); see README.rst.
 
-The modules, by role (each opens with what it owns, runs in, guarantees and assumes):
+The packages, by role (each module opens with what it owns, runs in, guarantees and
+assumes; docs/architecture.md walks through them):
 
-- the API: ``_executor`` (``ProcessPool``), ``_mapping`` (``map``), ``_aio`` (asyncio),
-  ``_progress``, ``_stats``, ``_shared`` (``pool.shared()``), ``_patch`` (``pool.patch()``,
-  and the start-up hook of ``python -m pool run`` in ``_startup``), ``_futures`` (``PoolFuture``
-  and the latches callers wait on), ``_errors``; ``dask`` (optional, never imported here);
-- the dispatcher thread: ``_dispatcher`` (the loop, its picture at the top), ``_commands``
-  (what callers hand it), ``_wakeup``, ``_outcomes`` (how futures end), ``_exit``
-  (interpreter exit, fork), ``_main_guard``;
-- the state machine, pure: ``_state`` (events in, actions out), ``_records`` (the states of
-  a task, a slot and the pool, and their transition tables), ``_actions``;
-- one worker, seen from the parent: ``_worker_handle``, ``_teardown`` (ending processes,
-  reading what they left);
-- the wire, by trade: ``_frames`` (frame format), ``_pipes`` (Linux pipe mechanics),
-  ``_pickling`` (what crosses, and what cannot), ``_limits`` (the sizes that depend on each
-  other, in one table);
-- in the worker process: ``_worker``;
-- the command line: ``_cli`` and the ``_cli_*`` modules (``_cli_program``: ``run``),
-  ``_demo``.
+- the API, here: ``_executor`` (``ProcessPool``), ``_mapping`` (``map``), ``_aio``
+  (asyncio), ``_progress``, ``_stats``, ``_shared`` (``pool.shared()``), ``_patch``
+  (``pool.patch()``, with ``_patched`` and the start-up hook in ``_startup``), ``_futures``
+  (``PoolFuture`` and the latches callers wait on), ``_errors``, ``_exit`` (the pools and
+  the process's life: interpreter exit, fork); ``dask`` (optional, never imported here);
+- ``_dispatcher``: the dispatcher thread and what callers hand it;
+- ``_core``: the state machine, pure (events in, actions out);
+- ``_worker``: one worker process, its main and the parent's handle on it;
+- ``_wire``: frames, pipes, pickling and the limits that relate them;
+- ``_cli``: the command line (``python -m pool``).
 """
 
 from __future__ import annotations
@@ -69,14 +63,6 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(f".{module_name}", __name__), name)
         globals()[name] = value  # (later lookups do not come here again)
         return value
-    if name.startswith("_") and not name.startswith("__"):
-        # A private module, as an attribute (``pool._executor``): it was always there,
-        # since this package used to import them all.
-        try:
-            return importlib.import_module(f".{name}", __name__)
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__name__}.{name}":
-                raise
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -22,16 +22,17 @@ from types import TracebackType
 from typing import (TYPE_CHECKING, Any, AsyncGenerator, Callable, Iterable, Iterator,
                     ParamSpec, TypeVar)
 
-from . import _pickling
+from ._wire import pickling as _pickling
 from ._errors import ArgumentPicklingError
-from ._forkserver import preload_in_forkserver
-from ._main_guard import check_main_is_guarded, check_not_daemonic, remember_main_script
+from ._worker.forkserver import preload_in_forkserver
+from ._worker.main_guard import (check_main_is_guarded, check_not_daemonic,
+                                 remember_main_script)
 from ._futures import PoolFuture, failed
 
 # A worker's own modules, and those it imports when a task first needs them (a function
 # sent by value, an exception, an error of the pool's): a forkserver imports them once,
 # before it forks any worker, instead of every worker after its fork.
-_WORKER_MODULES = ("pool._worker", "pool._errors", "cloudpickle", "tblib.pickling_support")
+_WORKER_MODULES = ("pool._worker.main", "pool._errors", "cloudpickle", "tblib.pickling_support")
 
 # What only a pool's owner uses (the dispatcher and its state machine, map, asyncio, stats)
 # is imported where a pool is built or used, not here: every worker under spawn and
@@ -132,9 +133,9 @@ class ProcessPool(Executor):
                 raise ValueError("max_memory_per_child must be > 0")
         self._task_timeout = _seconds("task_timeout", task_timeout, optional=True)
         idle_timeout = _seconds("idle_timeout", idle_timeout, optional=True)
-        from ._dispatcher import Dispatcher
-        from ._records import Timeouts
-        from ._worker import Initializer, prepare_initargs
+        from ._dispatcher.loop import Dispatcher
+        from ._core.states import Timeouts
+        from ._worker.main import Initializer, prepare_initargs
         timeouts = Timeouts(stop=_seconds("stop_grace", stop_grace),
                             terminate=_seconds("terminate_grace", terminate_grace),
                             kill=_seconds("kill_grace", kill_grace))

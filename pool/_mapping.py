@@ -22,13 +22,13 @@ import time
 from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Iterator, Sized
 
-from . import _pickling
-from ._commands import EncodedCall
+from ._wire import pickling as _pickling
+from ._dispatcher.commands import EncodedCall
 from ._errors import ArgumentPicklingError
 from ._futures import PoolFuture, failed
-from ._outcomes import fresh
+from ._dispatcher.outcomes import fresh
 from ._progress import Progress
-from ._worker import process_chunk, process_items
+from ._worker.main import process_chunk, process_items
 
 # Submits encoded calls, in order, as one group: (the user's function, its argument
 # tuple, no keyword arguments, the encoded call) each.

@@ -35,7 +35,7 @@ from distributed import WorkerPlugin
 from distributed.core import Status
 
 from ._executor import ProcessPool, default_context
-from ._forkserver import preload_in_forkserver
+from ._worker.forkserver import preload_in_forkserver
 from ._futures import PoolFuture
 
 if TYPE_CHECKING:

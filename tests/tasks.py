@@ -194,21 +194,23 @@ def return_lambda():
 
 def reply_then_die(value):
     """Send this task's own reply, then die: the reply must win over the death."""
-    from pool import _frames, _worker
+    from pool._wire import frames as _frames
+    from pool._worker import main as _worker
     _frames.write_frame(_worker._reply_fd, _frames.Kind.RESULT, _worker._current_task_id,
                       pickle.dumps(value))
     os._exit(0)
 
 
 def write_garbage():
-    from pool import _worker
+    from pool._worker import main as _worker
     os.write(_worker._reply_fd, b"this is not a frame at all, not even close")
     time.sleep(30)
 
 
 def write_partial_then_hang(pid_file):
     """Half a reply frame, then silence: the dispatcher must not block reading it."""
-    from pool import _frames, _worker
+    from pool._wire import frames as _frames
+    from pool._worker import main as _worker
     header = _frames.HEADER.pack(_frames.MAGIC, _frames.Kind.RESULT, _worker._current_task_id, 1000)
     os.write(_worker._reply_fd, header + b"x" * 10)
     with open(pid_file + ".tmp", "w") as f:
@@ -319,7 +321,8 @@ def byte_sum(data):
 
 def write_corrupt_raised_frame():
     """A well-formed header with a body that is not the pool's envelope."""
-    from pool import _frames, _worker
+    from pool._wire import frames as _frames
+    from pool._worker import main as _worker
     body = b"\x80\x05not a pickle at all"
     os.write(_worker._reply_fd, _frames.HEADER.pack(_frames.MAGIC, _frames.Kind.RAISED,
                                                   _worker._current_task_id, len(body)) + body)
@@ -525,7 +528,7 @@ def write_to_reply_pipe(data, then="return"):
     """Write ``data`` into this worker's reply pipe, as a task that scribbles on the pool's
     wire would (a fake worker: any bytes, a frame of its own making), then "return" "done"
     or "exit" (os._exit(0): the bytes are the last the parent gets)."""
-    from pool import _worker
+    from pool._worker import main as _worker
     view = memoryview(data)
     while view:
         view = view[os.write(_worker._reply_fd, view):]
@@ -535,5 +538,5 @@ def write_to_reply_pipe(data, then="return"):
 
 
 def current_task_id():
-    from pool import _worker
+    from pool._worker import main as _worker
     return _worker._current_task_id

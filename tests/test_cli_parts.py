@@ -9,12 +9,12 @@ import threading
 
 import pytest
 
-from pool._cli_inputs import counter, parse, read_inputs, records_of
-from pool._cli_lines import Lines, OutputClosed, OutputFailed, Window, WriteAbandoned
-from pool._cli_joblog import HEADER, Entry, Joblog, JoblogError, escape, read_joblog
-from pool._cli_output import (Failure, Progress, json_failure, json_result, plain_failure,
+from pool._cli.inputs import counter, parse, read_inputs, records_of
+from pool._cli.lines import Lines, OutputClosed, OutputFailed, Window, WriteAbandoned
+from pool._cli.joblog import HEADER, Entry, Joblog, JoblogError, escape, read_joblog
+from pool._cli.output import (Failure, Progress, json_failure, json_result, plain_failure,
                               plain_result, summary_line, tagged)
-from pool._cli_options import Halt
+from pool._cli.options import Halt
 
 
 def never() -> bool:

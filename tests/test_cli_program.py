@@ -16,7 +16,7 @@ import pytest
 
 from helpers import communicate_or_kill
 from pool import _patch
-from pool._cli_program import interpreter_options
+from pool._cli.program import interpreter_options
 
 RUN = [sys.executable, "-m", "pool", "run"]
 

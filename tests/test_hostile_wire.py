@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 
 import pool
 import tasks
-from pool import _frames
-from pool._frames import HEADER, MAGIC, FrameReader, Kind
+from pool._wire import frames as _frames
+from pool._wire.frames import HEADER, MAGIC, FrameReader, Kind
 
 FROM_WORKER = [k for k in Kind if k is not Kind.CALL]
 PIPE_BYTES = 1 << 20

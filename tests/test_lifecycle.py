@@ -16,6 +16,7 @@ import pytest
 
 import pool
 import tasks
+from pool._core.machine import MAX_START_FAILURES
 from helpers import TESTS_DIR, START_METHODS, process_exists, run_script, wait_until
 
 THOUSAND_DEATHS = '''
@@ -92,7 +93,7 @@ def test_failing_initializer_stops_respawning_and_fails_waiting_futures(ctx, tmp
         with pytest.raises(pool.InitializerError):
             p.submit(tasks.square, 1)
     starts = log.read_text().count("start")
-    assert pool._state.MAX_START_FAILURES <= starts <= pool._state.MAX_START_FAILURES + 2
+    assert MAX_START_FAILURES <= starts <= MAX_START_FAILURES + 2
 
 
 @pytest.mark.isolated
@@ -148,10 +149,10 @@ report(first=first, later=list(forkserver._forkserver._preload_modules),
 
 
 def test_the_forkserver_preloads_the_worker_after_the_users_modules(tmp_path):
-    # A worker forked from a forkserver that has imported pool._worker starts at the cost of
+    # A worker forked from a forkserver that has imported pool._worker.main starts at the cost of
     # a fork; the user's preload list comes first, and a running forkserver is left alone.
     facts, _ = run_script(FORKSERVER_PRELOAD, "forkserver", tmp_path, timeout=90)
-    assert facts["first"] == ["__main__", "json", "pool._worker", "pool._errors",
+    assert facts["first"] == ["__main__", "json", "pool._worker.main", "pool._errors",
                               "cloudpickle", "tblib.pickling_support"]
     assert facts["later"] == ["__main__"] and facts["same_server"]
 
@@ -317,7 +318,7 @@ def test_a_submission_refused_after_the_loop_ended_is_failed_or_cancelled_and_he
     # What reaches the loop after its pool closed (a broken pool ends by itself while a
     # caller is submitting) or failed: failed, or cancelled if its caller cancelled it, and
     # in both cases seen by wait() (a cancelled future needs notifying, not resolving).
-    from pool._commands import TaskRecord
+    from pool._dispatcher.commands import TaskRecord
     p = pool.ProcessPool(1)
     p.shutdown()
     futures = [pool.PoolFuture(), pool.PoolFuture()]

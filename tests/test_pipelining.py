@@ -132,7 +132,7 @@ def test_without_packet_pipes_one_task_at_a_time_and_all_the_rest_holds(ctx, tmp
                                                                          monkeypatch):
     # What runs where pipes have no packet mode (not Linux), or a user is over their
     # pipe-page limit: no tasks wait behind a running one, and nothing else changes.
-    from pool import _limits
+    from pool._wire import limits as _limits
     monkeypatch.setattr(_limits, "PACKET_PIPE_BYTES", 1 << 40)
     release = str(tmp_path / "release")
     blob = os.urandom(3 << 20)
@@ -152,8 +152,8 @@ def test_without_packet_pipes_one_task_at_a_time_and_all_the_rest_holds(ctx, tmp
 def test_a_pipeline_depth_that_could_block_the_dispatcher_is_refused():
     """_limits' rule 2: every packet that may wait in a task pipe fits in it, so the
     dispatcher's writes never block; a depth that breaks it never gets a dispatcher."""
-    from pool import _limits
-    from pool._dispatcher import Dispatcher
+    from pool._wire import limits as _limits
+    from pool._dispatcher.loop import Dispatcher
     import multiprocessing
     most = _limits.PACKET_PIPE_BYTES // _limits.PIPE_BUF
     assert _limits.PIPELINE_DEPTH <= most
@@ -167,7 +167,7 @@ def test_a_pipeline_depth_that_could_block_the_dispatcher_is_refused():
 def test_a_frame_larger_than_a_small_pipe_goes_to_a_writer_thread():
     """_limits' rule 3: a frame the dispatcher writes itself fits in the (empty) pipe,
     also in a pipe smaller than usual (a user over pipe-user-pages-soft gets 4 KiB)."""
-    from pool import _limits
+    from pool._wire import limits as _limits
     assert _limits.background_above(None) == _limits.BACKGROUND_FRAME_BYTES
     assert _limits.background_above(1 << 20) == _limits.BACKGROUND_FRAME_BYTES
     assert _limits.background_above(4096) == 4096

@@ -13,19 +13,21 @@ import time
 import pytest
 
 import pool
+from pool import _shared
+from pool._executor import _cpu_count
 import tasks
 from helpers import START_METHODS, process_exists, run_script, wait_until
 
-DEFAULT_WORKERS = pool._executor._cpu_count()
+DEFAULT_WORKERS = _cpu_count()
 LARGE = b"x" * (1 << 20)  # a call this large is not sent ahead: it waits in the pool's queue
 
 
 @pytest.fixture(autouse=True)
 def fresh_shared_pool():
     """Each test starts with no shared pool and leaves none (the leak check runs after)."""
-    pool._shared.discard()
+    _shared.discard()
     yield
-    pool._shared.discard()
+    _shared.discard()
 
 
 def running(*futures):
@@ -41,7 +43,7 @@ def test_leases_share_one_pool():
     workers = {lease.submit(tasks.pid_of_worker).result(60) for lease in (first, second, third)}
     assert len(workers) == 1
     assert third.options["max_workers"] == 1
-    assert third.options["idle_timeout"] == pool._shared.IDLE_TIMEOUT
+    assert third.options["idle_timeout"] == _shared.IDLE_TIMEOUT
     assert third.options["mp_context"].get_start_method() == "forkserver"
     for lease in (first, second, third):
         lease.shutdown()
@@ -360,7 +362,7 @@ def test_many_threads_lease_submit_and_release():
     assert len(more) + sum(more_conflicts) == 16 * 100
     more_workers, more_cancelled = check_resolved(more)
     pools = len({f._stopper for _, f in more})
-    pool._shared.discard()
+    _shared.discard()
     workers |= more_workers
     print(f"SUMMARY held: {len(futures)} leases, {sum(conflicts)} conflicts, {cancelled} "
           f"cancelled, {held:.1f} s; not held: {len(more)} leases, {sum(more_conflicts)} "
@@ -370,6 +372,7 @@ def test_many_threads_lease_submit_and_release():
 
 
 FORKED_CHILD = '''
+from pool import _shared
 lease = pool.shared(max_workers=1, mp_context=CTX)
 parent_worker = lease.submit(tasks.pid_of_worker).result(60)
 reading, writing = os.pipe()
@@ -385,7 +388,7 @@ if child == 0:
         with pool.shared() as own:
             facts = dict(inherited=inherited, same_pool=own._pool is lease._pool,
                          child_worker=own.submit(tasks.pid_of_worker).result(60))
-        pool._shared.discard()
+        _shared.discard()
         facts["left"] = sorted(helpers.children_of(os.getpid()) - helpers.helper_pids())
         os.write(writing, json.dumps(facts).encode())
     finally:
@@ -396,7 +399,7 @@ with os.fdopen(reading) as pipe:
 os.waitpid(child, 0)
 after = lease.submit(tasks.pid_of_worker).result(60)
 lease.shutdown()
-pool._shared.discard()
+_shared.discard()
 report(parent_worker=parent_worker, after=after, **facts)
 '''
 

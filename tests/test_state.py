@@ -7,15 +7,16 @@ from collections import deque
 
 import pytest
 
-from pool._actions import (AskToExit, Broken, Cancel, Departure, DumpStack, FailBroken,
-                           FailDied, FailMisbehaved, FailRefused, FailTerminated, FailTimedOut,
-                           Misbehaved,
-                           Reclaim, Resolve, Send, Signal, Spawn, Stopped, Unreaped, WorkerGone)
-from pool._records import (Ending, Escalation, InvalidTransition, PoolLife, SlotState, TaskState,
-                           Timeouts)
-from pool._state import (MAX_REFUSED_STARTS, MAX_START_FAILURES, RECLAIM_AFTER_SECONDS,
-                         STALL_FIRST_SECONDS, STALL_MAX_SECONDS, START_RETRY_FIRST_SECONDS,
-                         START_RETRY_MAX_SECONDS, UNREAD_AFTER_SECONDS, StateMachine)
+from pool._core.actions import (AskToExit, Broken, Cancel, Departure, DumpStack, FailBroken,
+                                FailDied, FailMisbehaved, FailRefused, FailTerminated,
+                                FailTimedOut, Misbehaved, Reclaim, Resolve, Send, Signal,
+                                Spawn, Stopped, Unreaped, WorkerGone)
+from pool._core.states import (Ending, Escalation, InvalidTransition, PoolLife, SlotState,
+                               TaskState, Timeouts)
+from pool._core.machine import (MAX_REFUSED_STARTS, MAX_START_FAILURES,
+                                RECLAIM_AFTER_SECONDS, STALL_FIRST_SECONDS,
+                                STALL_MAX_SECONDS, START_RETRY_FIRST_SECONDS,
+                                START_RETRY_MAX_SECONDS, UNREAD_AFTER_SECONDS, StateMachine)
 
 
 class FakeClock:

@@ -21,9 +21,9 @@ import signal
 
 import pytest
 
-from pool import _actions as act
-from pool._records import InvalidTransition, PoolLife, SlotState, TaskState, Timeouts
-from pool._state import StateMachine
+from pool._core import actions as act
+from pool._core.states import InvalidTransition, PoolLife, SlotState, TaskState, Timeouts
+from pool._core.machine import StateMachine
 
 
 class Clock:

@@ -67,7 +67,7 @@ def test_a_worker_that_ignores_sigterm_is_killed_after_the_grace(ctx, tmp_path):
 def test_a_worker_that_cannot_be_reaped_is_reported_and_its_slot_refilled(
         ctx, tmp_path, caplog, monkeypatch):
     # Stand-in for a process stuck in the kernel: the pool's SIGKILLs never reach it.
-    from pool import _teardown, _worker_handle
+    from pool._worker import teardown as _teardown, handle as _worker_handle
     caplog.set_level(logging.ERROR, logger="pool")
     pid_dir = str(tmp_path)
     p = pool.ProcessPool(1, mp_context=ctx, kill_grace=0.3)
@@ -172,7 +172,8 @@ def test_shutdown_waits_for_a_slow_dying_group_member_or_reports_it(
         ctx, monkeypatch, caplog, dies_in_time):
     # Stand-in for a member of a worker's group that takes a while to die after SIGKILL
     # (a huge process freeing its memory, or one stuck in the kernel).
-    from pool import _dispatcher, _worker_handle
+    from pool._dispatcher import loop as _dispatcher
+    from pool._worker import handle as _worker_handle
     caplog.set_level(logging.ERROR, logger="pool")
     checks = []
     lingering_pid = 999_999_999

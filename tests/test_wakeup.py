@@ -1,11 +1,11 @@
-"""The wakeup handle (``pool._wakeup``): never lost, and never stuck on its own lock."""
+"""The wakeup handle (``pool._dispatcher.wakeup``): never lost, and never stuck on its own lock."""
 
 from __future__ import annotations
 
 import select
 import threading
 
-from pool._wakeup import Wakeup
+from pool._dispatcher.wakeup import Wakeup
 
 
 def readable(fd: int, timeout: float = 0.0) -> bool:

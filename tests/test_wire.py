@@ -12,8 +12,8 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pool
 import tasks
-from pool import _frames, _pickling, _pipes
-from pool._frames import Frame, FrameReader, Kind
+from pool._wire import frames as _frames, pickling as _pickling, pipes as _pipes
+from pool._wire.frames import Frame, FrameReader, Kind
 
 
 @pytest.fixture
@@ -266,7 +266,7 @@ class FailsToUnpickle:
 
 
 def test_a_large_call_that_fails_to_unpickle_is_skipped_to_its_end():
-    from pool import _worker
+    from pool._worker import main as _worker
     read_fd, write_fd = os.pipe()
     # Unpickling stops at the middle argument, with a megabyte of the body still unread.
     bad = (os.urandom(1 << 20), FailsToUnpickle(), os.urandom(1 << 20))

@@ -8,7 +8,7 @@ import os
 import sys
 import threading
 
-from pool import _worker_streams
+from pool._worker import streams as _worker_streams
 
 
 class Stream:

@@ -472,7 +472,7 @@ def test_the_forkserver_preloads_distributed_so_a_replaced_process_starts_fast(t
                                ._forkserver._preload_modules)
         report(preloaded=list(preloaded.values())[0])
     """, tmp_path)
-    assert facts["preloaded"] == ["__main__", "distributed.worker", "pool._worker",
+    assert facts["preloaded"] == ["__main__", "distributed.worker", "pool._worker.main",
                                   "pool._errors", "cloudpickle", "tblib.pickling_support"]
 
 

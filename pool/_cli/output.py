@@ -14,9 +14,9 @@ import math
 import time
 from typing import Any, Callable, NamedTuple, Protocol
 
-from ._cli_joblog import escape
-from ._cli_task import summary, to_json
-from ._errors import TaskTimeout, WorkerDied, describe_exit
+from .joblog import escape
+from .task import summary, to_json
+from .._errors import TaskTimeout, WorkerDied, describe_exit
 
 
 class Failure(NamedTuple):

@@ -20,10 +20,10 @@ import traceback
 import types
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from ._frames import BodyReader, Buffers, Frame, Kind, MalformedFrame, Unreceivable
+from .frames import BodyReader, Buffers, Frame, Kind, MalformedFrame, Unreceivable
 
 if TYPE_CHECKING:
-    from ._errors import ArgumentPicklingError
+    from .._errors import ArgumentPicklingError
 
 # cloudpickle, tblib and the pool's errors are imported where they are first needed, not
 # here: a worker imports this module at its start, and one whose tasks are pickled by
@@ -57,7 +57,7 @@ def dumps_callable(fn: Callable[..., Any]) -> bytes:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a reducer's SystemExit too: it fails this call only
-        from ._errors import argument_pickling_error, callable_name
+        from .._errors import argument_pickling_error, callable_name
         raise argument_pickling_error(
             f"cannot pickle the function {callable_name(fn)}: {type(exc).__name__}: {exc}",
             exc) from exc
@@ -185,7 +185,7 @@ def _name_unpicklable_argument(fn: Callable[..., Any], args: tuple[Any, ...],
                                ) -> ArgumentPicklingError:
     import cloudpickle
 
-    from ._errors import argument_pickling_error, callable_name
+    from .._errors import argument_pickling_error, callable_name
     named = [(f"argument {i}", a) for i, a in enumerate(args)]
     named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
     for label, value in named:
@@ -382,7 +382,7 @@ def decode_exception(body: bytes | bytearray) -> BaseException:
 
     Raises MalformedFrame if the body is not what ``encode_exception`` makes.
     """
-    from ._errors import RemoteTaskError
+    from .._errors import RemoteTaskError
     blob, type_name, message, text, reason = _envelope(body, 5)
     if reason:
         reason = f"pickling in the worker failed: {reason}"
@@ -449,7 +449,7 @@ def decode_outcome(frame: Frame) -> tuple[bool, Any]:
     own envelope raises MalformedFrame (the worker is not speaking the protocol).
     """
     if isinstance(frame.body, Unreceivable):  # (the parent had no memory for it)
-        from ._errors import ResultTransferError
+        from .._errors import ResultTransferError
         error = ResultTransferError(None, "receiving in the parent", frame.body.why)
         error.__cause__ = MemoryError(frame.body.why)
         return False, error
@@ -457,7 +457,7 @@ def decode_outcome(frame: Frame) -> tuple[bool, Any]:
         try:
             return True, pickle.loads(frame.body)
         except BaseException as err:  # user reducers run here; even SystemExit is theirs
-            from ._errors import ResultTransferError
+            from .._errors import ResultTransferError
             error = ResultTransferError(None, "unpickling in the parent",
                                         f"{type(err).__name__}: {err}")
             error.__cause__ = err  # (see release_frames)

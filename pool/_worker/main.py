@@ -39,9 +39,10 @@ from typing import Any, Callable
 from multiprocessing import context as _context
 from multiprocessing import reduction
 
-from . import _exit, _frames, _pickling, _pipes
-from ._worker_streams import drop_inherited_output
-from ._frames import Kind
+from .. import _exit
+from .._wire import frames as _frames, pickling as _pickling, pipes as _pipes
+from .streams import drop_inherited_output
+from .._wire.frames import Kind
 
 # The reply pipe of this worker and the id of the task it runs, for tests that must write
 # into that pipe themselves (garbage, or a reply followed by a death).
@@ -161,7 +162,7 @@ def _initarg_error(index: int, arg: Any, why: BaseException, ctx: Any) -> BaseEx
                     f"{method!r}).Lock() (and so on; on Python 3.13 and earlier the default "
                     f"context is 'fork'), or pass mp_context=multiprocessing.get_context("
                     f"\"fork\") to the pool")
-    from ._errors import argument_pickling_error
+    from .._errors import argument_pickling_error
     return argument_pickling_error(message, why)
 
 
@@ -353,7 +354,7 @@ def _run_call(functions: _FunctionCache, body: Any) -> tuple[Kind, bytes | _fram
     except BaseException as exc:
         # A BrokenProcessPool, as the stdlib raises here (where the worker dies); the
         # worker's own error, with its frames, is the cause.
-        from ._errors import ArgumentUnpicklingError
+        from .._errors import ArgumentUnpicklingError
         error = ArgumentUnpicklingError(
             f"the worker (pid {os.getpid()}) could not unpickle the task's function or "
             f"arguments: {type(exc).__name__}: {_pickling.safe_str(exc)}")

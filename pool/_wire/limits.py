@@ -29,8 +29,8 @@ unpickles, hang, be stopped):
 
 from __future__ import annotations
 
-from ._frames import HEADER
-from ._pipes import PIPE_BUF
+from .frames import HEADER
+from .pipes import PIPE_BUF
 
 # Small tasks in flight per worker (see _state.SHORT_TASK_SECONDS for when more than one):
 # a worker finds its next task in its pipe instead of waiting for a round trip (measured:

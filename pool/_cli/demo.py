@@ -12,8 +12,8 @@ import signal
 import sys
 from typing import Any, Callable, TextIO
 
-from ._errors import TaskTimeout, WorkerDied
-from ._executor import ProcessPool
+from .._errors import TaskTimeout, WorkerDied
+from .._executor import ProcessPool
 
 
 def sum_of_squares(n: int) -> int:

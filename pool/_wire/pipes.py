@@ -16,7 +16,7 @@ import array
 import os
 import termios
 
-from ._frames import HEADER, MAGIC
+from .frames import HEADER, MAGIC
 
 try:
     import fcntl

@@ -48,13 +48,13 @@ import signal
 from collections import deque
 from typing import Callable
 
-from ._actions import (Action, AskToExit, Broken, Cancel, Departure, DumpStack, FailBroken,
-                       FailDied, FailMisbehaved, FailRefused, FailTerminated, FailTimedOut,
-                       Misbehaved,
-                       Reclaim, Resolve, Send, Signal, Spawn, Stopped, Unreaped, WorkerGone)
-from ._records import (LIFE_TRANSITIONS, SLOT_TRANSITIONS, TASK_TRANSITIONS, Ending,
-                       Escalation, InvalidTransition, PoolLife, Slot, SlotState, Task,
-                       TaskQueue, TaskState, Timeouts)
+from .actions import (Action, AskToExit, Broken, Cancel, Departure, DumpStack, FailBroken,
+                      FailDied, FailMisbehaved, FailRefused, FailTerminated, FailTimedOut,
+                      Misbehaved, Reclaim, Resolve, Send, Signal, Spawn, Stopped, Unreaped,
+                      WorkerGone)
+from .states import (LIFE_TRANSITIONS, SLOT_TRANSITIONS, TASK_TRANSITIONS, Ending,
+                     Escalation, InvalidTransition, PoolLife, Slot, SlotState, Task,
+                     TaskQueue, TaskState, Timeouts)
 
 __all__ = ["StateMachine", "MAX_START_FAILURES", "MAX_REFUSED_STARTS", "RECLAIM_AFTER_SECONDS",
            "SHORT_TASK_SECONDS", "START_RETRY_FIRST_SECONDS", "START_RETRY_MAX_SECONDS",

@@ -71,21 +71,24 @@ from concurrent.futures import Future
 from multiprocessing.connection import wait
 from typing import Any, Callable, Iterator
 
-from . import _actions, _exit, _frames, _limits, _pickling, _records, _state, _teardown
-from ._commands import (Command, EncodedCall, Shutdown, StopTask, Submit, Sync, TaskRecord,
-                        Terminate)
-from ._errors import (PoolInternalError, TaskInfo, WorkerDied, WorkerProtocolError,
-                      describe_exit)
-from ._futures import CallbackRunner, Latch, PoolFuture, install_on_dispatcher_thread
-from ._main_guard import keep_main_importable
-from ._outcomes import (StartFailures, failure, format_error, fresh, is_refusal, resolve,
-                        warn_if_descriptors_short)
-from ._state import StateMachine
-from ._stats import Counters, Outcome, PoolStats, WorkerStats
-from ._wakeup import Wakeup
-from ._frames import Frame, Kind
-from ._worker import Initializer
-from ._worker_handle import Exit, WorkerHandle
+from .._core import actions as _actions, states as _records, machine as _state
+from .. import _exit
+from .._wire import frames as _frames, limits as _limits, pickling as _pickling
+from .._worker import teardown as _teardown
+from .commands import (Command, EncodedCall, Shutdown, StopTask, Submit, Sync, TaskRecord,
+                       Terminate)
+from .._errors import (PoolInternalError, TaskInfo, WorkerDied, WorkerProtocolError,
+                       describe_exit)
+from .._futures import CallbackRunner, Latch, PoolFuture, install_on_dispatcher_thread
+from .._worker.main_guard import keep_main_importable
+from .outcomes import (StartFailures, failure, format_error, fresh, is_refusal, resolve,
+                       warn_if_descriptors_short)
+from .._core.machine import StateMachine
+from .._stats import Counters, Outcome, PoolStats, WorkerStats
+from .wakeup import Wakeup
+from .._wire.frames import Frame, Kind
+from .._worker.main import Initializer
+from .._worker.handle import Exit, WorkerHandle
 
 logger = logging.getLogger("pool")
 

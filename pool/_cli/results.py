@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _cli_output as output
-from ._cli_inputs import Input
-from ._cli_joblog import Entry, escape
-from ._cli_lines import Lines, Messages
-from ._cli_output import Failure
-from ._cli_task import Report
+from . import output
+from .inputs import Input
+from .joblog import Entry, escape
+from .lines import Lines, Messages
+from .output import Failure
+from .task import Report
 
 
 class Results:

@@ -17,8 +17,8 @@ import re
 import sys
 from typing import Any, Callable, Iterator, NamedTuple, NoReturn
 
-from . import __version__
-from ._cli_joblog import Joblog, Resume
+from .. import __version__
+from .joblog import Joblog, Resume
 
 RETRY_KINDS = ("died", "timeout", "error")
 

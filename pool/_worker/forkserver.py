@@ -7,7 +7,7 @@ starts (it reads the list once, then forks every worker from what it has importe
 the modules already asked for and never in their place: the user's own
 ``set_forkserver_preload`` and the default ``__main__`` still come first, and a forkserver
 that is already running is left as it is.
-Why: a worker forked from a forkserver that has not imported ``pool._worker`` (and, for a
+Why: a worker forked from a forkserver that has not imported ``pool._worker.main`` (and, for a
 dask worker, ``distributed``) imports it itself, at every start and every refill after a
 death; one that has it starts at the cost of a fork.
 """

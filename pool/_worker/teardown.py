@@ -113,7 +113,8 @@ def _without_pool_frames(block: str) -> str:
     return block
 
 
-_WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
+# The worker's main module, ``main.py`` beside this one: its frames end a crash report.
+_WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "main.py")
 
 
 def make_crash_file() -> tuple[int | None, str]:

@@ -29,7 +29,7 @@ import array
 import os
 from typing import Callable, Iterator, NamedTuple
 
-from ._cli_write import WriteFailed, write_all
+from .write import WriteFailed, write_all
 
 HEADER = ("Seq", "Start", "Runtime", "Outcome", "Exitcode", "Signal", "Pid", "Attempts",
           "Error", "Input")

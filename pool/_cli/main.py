@@ -18,11 +18,11 @@ import stat
 import sys
 from typing import Callable, Sequence
 
-from ._cli_inputs import counter, read_inputs, records_of, records_of_arguments
-from ._cli_joblog import Joblog, JoblogError, Resume, read_joblog
-from ._cli_options import (EXIT_INTERRUPTED, EXIT_MANY_FAILED, EXIT_OK, EXIT_PIPE,
-                           EXIT_USAGE, Options, build_parsers, flush_quietly, is_open)
-from ._cli_run import End, Outcome, Run
+from .inputs import counter, read_inputs, records_of, records_of_arguments
+from .joblog import Joblog, JoblogError, Resume, read_joblog
+from .options import (EXIT_INTERRUPTED, EXIT_MANY_FAILED, EXIT_OK, EXIT_PIPE, EXIT_USAGE,
+                      Options, build_parsers, flush_quietly, is_open)
+from .map_run import End, Outcome, Run
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command; returns its exit status. A run stopped by a signal ends the
@@ -50,7 +50,7 @@ def _command(argv: Sequence[str] | None) -> int:
     if arguments[:1] == ["run"]:
         # (Before anything else: the program gets the process as it was, closed
         # descriptors included; everything after PROGRAM is its own.)
-        from ._cli_program import run_program
+        from .program import run_program
         return run_program(arguments[1:])
     closed = _fill_closed_standard_fds()
     command_parser, map_parser = build_parsers()
@@ -59,7 +59,7 @@ def _command(argv: Sequence[str] | None) -> int:
         return _map(map_parser.parse_intermixed_args(arguments[1:]), closed)
     args = command_parser.parse_args(arguments)
     if args.command == "demo":
-        from ._demo import run_demo
+        from .demo import run_demo
         return run_demo(start_method=args.start_method)
     return _map(args, closed)
 
@@ -105,7 +105,7 @@ def _usage(message: str) -> int:
 
 
 def _map(args: argparse.Namespace, closed: frozenset[int]) -> int:
-    from ._executor import _cpu_count
+    from .._executor import _cpu_count
 
     if args.inputs and args.arg_file:
         return _usage("give inputs as arguments or with -a FILE, not both")

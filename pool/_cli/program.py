@@ -20,9 +20,9 @@ import signal
 import sys
 from typing import Sequence
 
-from ._cli import _say
-from ._cli_options import EXIT_USAGE, flush_quietly
-from ._patch import ENVIRONMENT_VARIABLE, interpreter_key
+from .main import _say
+from .options import EXIT_USAGE, flush_quietly
+from .._patch import ENVIRONMENT_VARIABLE, interpreter_key
 
 USAGE = """\
 usage: python -m pool run [--] PROGRAM [ARGS ...]
@@ -59,7 +59,8 @@ EXIT_NOT_RUNNABLE = 126
 # (the same pid, across ``exec``), to say when that program is not this interpreter.
 PROGRAM_PID_VARIABLE = "POOL_RUN_PID"
 
-STARTUP_DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_startup")
+STARTUP_DIRECTORY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                 "_startup")
 _PYTHON_SUFFIXES = (".py", ".pyw", ".pyz")
 # Python's own options (its getopt string), for reading them back from sys.orig_argv:
 # those that take a value, and those after which the rest is what Python runs.

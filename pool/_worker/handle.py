@@ -29,9 +29,10 @@ import threading
 import traceback
 from typing import Any, Callable, NamedTuple
 
-from . import _frames, _limits, _pipes, _teardown
-from ._frames import Frame, FrameReader, Kind
-from ._worker import DUMP_SIGNAL, InheritedFd, Initializer, WorkerSetup, worker_main
+from .._wire import frames as _frames, limits as _limits, pipes as _pipes
+from . import teardown as _teardown
+from .._wire.frames import Frame, FrameReader, Kind
+from .main import DUMP_SIGNAL, InheritedFd, Initializer, WorkerSetup, worker_main
 
 # multiprocessing flushes the parent's standard streams before it starts any process
 # (Popen.__init__). On the dispatcher thread, that would block the whole pool for as

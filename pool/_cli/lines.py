@@ -34,8 +34,8 @@ import select
 import stat
 from typing import Callable
 
-from ._cli_joblog import Entry, Joblog
-from ._cli_write import WriteAbandoned, WriteFailed, write_all
+from .joblog import Entry, Joblog
+from .write import WriteAbandoned, WriteFailed, write_all
 
 # How long the reader waits for a place at a time, so that it sees ``stopped`` promptly.
 _TAKE_SLICE_SECONDS = 0.25

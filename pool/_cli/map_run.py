@@ -40,16 +40,16 @@ import traceback
 from concurrent.futures import Future
 from typing import Any, Callable, Iterator, NamedTuple
 
-from . import _cli_output as output
-from ._cli_inputs import Input
-from ._cli_joblog import JoblogError
-from ._cli_lines import Lines, Messages, OutputClosed, OutputFailed, Window
-from ._cli_options import Halt, Options
-from ._cli_results import Results, short
-from ._cli_task import Report, run_job, setup_worker, take_capture
-from ._cli_write import WriteAbandoned
-from ._errors import WorkerTerminated
-from ._executor import ProcessPool
+from . import output
+from .inputs import Input
+from .joblog import JoblogError
+from .lines import Lines, Messages, OutputClosed, OutputFailed, Window
+from .options import Halt, Options
+from .results import Results, short
+from .task import Report, run_job, setup_worker, take_capture
+from .write import WriteAbandoned
+from .._errors import WorkerTerminated
+from .._executor import ProcessPool
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

@@ -16,11 +16,11 @@ import logging
 import traceback
 from typing import Any
 
-from . import _actions
-from ._errors import (InitializerError, TaskInfo, TaskTimeout, WorkerDied, WorkerStartRefused,
-                      WorkerTerminated, describe_exit)
-from ._futures import PoolFuture
-from ._worker_handle import Exit
+from .._core import actions as _actions
+from .._errors import (InitializerError, TaskInfo, TaskTimeout, WorkerDied,
+                       WorkerStartRefused, WorkerTerminated, describe_exit)
+from .._futures import PoolFuture
+from .._worker.handle import Exit
 
 logger = logging.getLogger("pool")
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
-from ._errors import TaskInfo
-from ._futures import Latch, PoolFuture
-from ._frames import Buffers
+from .._errors import TaskInfo
+from .._futures import Latch, PoolFuture
+from .._wire.frames import Buffers
 
 
 @dataclass(eq=False, slots=True)
