@@ -418,3 +418,14 @@ for _name in __all__:
     if isinstance(_obj, type) and issubclass(_obj, BaseException):
         _obj.__module__ = "pool"
 del _name, _obj
+
+
+def copy_error(error: BaseException) -> BaseException:
+    """A new instance of ``error`` to raise in one more place, with its message, attributes
+    and cause. One exception raised in several threads would share its traceback, each
+    raise adding frames of another thread to it."""
+    copy = type(error).__new__(type(error))
+    copy.__dict__.update(getattr(error, "__dict__", {}))
+    copy.args = error.args
+    copy.__cause__ = error.__cause__
+    return copy

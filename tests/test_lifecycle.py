@@ -318,13 +318,13 @@ def test_a_submission_refused_after_the_loop_ended_is_failed_or_cancelled_and_he
     # What reaches the loop after its pool closed (a broken pool ends by itself while a
     # caller is submitting) or failed: failed, or cancelled if its caller cancelled it, and
     # in both cases seen by wait() (a cancelled future needs notifying, not resolving).
-    from pool._dispatcher.commands import TaskRecord
+    from pool._dispatcher.commands import Submission
     p = pool.ProcessPool(1)
     p.shutdown()
     futures = [pool.PoolFuture(), pool.PoolFuture()]
     assert futures[1].cancel()
     for task_id, future in enumerate(futures, 1):
-        p._dispatcher._refuse(TaskRecord(pool.TaskInfo(task_id, tasks.square, (1,), {}),
+        p._dispatcher._refuse(Submission(pool.TaskInfo(task_id, tasks.square, (1,), {}),
                                          future, [], 0, None))
     assert cf.wait(futures, timeout=5).not_done == set()
     with pytest.raises(RuntimeError, match="after shutdown"):

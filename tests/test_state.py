@@ -7,10 +7,9 @@ from collections import deque
 
 import pytest
 
-from pool._core.actions import (AskToExit, Broken, Cancel, Departure, DumpStack, FailBroken,
-                                FailDied, FailMisbehaved, FailRefused, FailTerminated,
-                                FailTimedOut, Misbehaved, Reclaim, Resolve, Send, Signal,
-                                Spawn, Stopped, Unreaped, WorkerGone)
+from pool._core.actions import (AskToExit, Broken, Cancel, Departure, DumpStack, Fail,
+                                FailCause, Misbehaved, Reclaim, Resolve, Send, Signal, Spawn,
+                                Stopped, Unreaped, WorkerGone)
 from pool._core.states import (Ending, Escalation, InvalidTransition, PoolLife, SlotState,
                                TaskState, Timeouts)
 from pool._core.machine import (MAX_REFUSED_STARTS, MAX_START_FAILURES,
@@ -90,7 +89,7 @@ def test_a_reply_for_a_task_not_running_is_the_worker_misbehaving():
     m.submit(1, frame_bytes=LARGE)
     start(m, 0)
     actions = m.task_replied(0, 99, (True, "late"))
-    assert actions == [Misbehaved(0), FailMisbehaved(1, 0), Signal(0, signal.SIGKILL)]
+    assert actions == [Misbehaved(0), Fail(1, FailCause.MISBEHAVED, 0), Signal(0, signal.SIGKILL)]
     assert "task 99" in actions[0].reason and actions[1].reason == actions[0].reason
 
 
@@ -98,7 +97,7 @@ def test_a_second_ready_is_the_worker_misbehaving_and_one_while_stopping_is_igno
     m, _ = machine(1)
     m.submit(1, frame_bytes=LARGE)
     start(m, 0)
-    assert m.worker_ready(0) == [Misbehaved(0), FailMisbehaved(1, 0), Signal(0, signal.SIGKILL)]
+    assert m.worker_ready(0) == [Misbehaved(0), Fail(1, FailCause.MISBEHAVED, 0), Signal(0, signal.SIGKILL)]
     m2, _ = machine(1)
     m2.submit(1, frame_bytes=LARGE)
     m2.shutdown(cancel_futures=True)  # stopped while it was starting
@@ -112,7 +111,7 @@ def test_init_failed_is_a_starting_workers_word_and_out_of_turn_from_a_ready_one
     assert [type(a) for a in m.worker_exited(0)] == [WorkerGone, Spawn]
     assert m.start_failures == 1
     start(m, 0)
-    assert m.worker_init_failed(0) == [Misbehaved(0), FailMisbehaved(1, 0),
+    assert m.worker_init_failed(0) == [Misbehaved(0), Fail(1, FailCause.MISBEHAVED, 0),
                                        Signal(0, signal.SIGKILL)]
 
 
@@ -123,7 +122,7 @@ def test_a_reply_carries_its_outcome_to_resolve_and_a_death_its_exit_to_the_fail
     resolve = m.task_replied(0, 1, (True, 42))[0]
     assert resolve == Resolve(1) and resolve.outcome == (True, 42)
     actions = m.worker_exited(0, exited="the exit record")
-    assert actions[:2] == [WorkerGone(0, Departure.RUNNING), FailDied(2, 0)]
+    assert actions[:2] == [WorkerGone(0, Departure.RUNNING), Fail(2, FailCause.DIED, 0)]
     assert actions[0].exited == actions[1].exited == "the exit record"
 
 
@@ -155,7 +154,7 @@ def test_only_frames_wholly_unread_count_as_unstarted_and_size_decides_pipelinin
     assert start_warm(m, 0) == [Send(0, 1), Send(0, 2)]
     # 150 bytes unread: all of task 2's frame and half of task 1's, which the worker had
     # begun to read (and so to unpickle: it may have run user code): 1 ran, 2 did not.
-    assert exited(m, 0, unread_bytes=SMALL + SMALL // 2) == [FailDied(1, 0), Spawn(0)]
+    assert exited(m, 0, unread_bytes=SMALL + SMALL // 2) == [Fail(1, FailCause.DIED, 0), Spawn(0)]
     assert m.queued == [2, 3]
 
 
@@ -165,7 +164,7 @@ def test_death_fails_only_the_running_task_and_refills_the_slot():
         m.submit(task, frame_bytes=LARGE)
     start(m, 0, 1)
     actions = exited(m, 0)
-    assert actions == [FailDied(1, 0), Spawn(0)]
+    assert actions == [Fail(1, FailCause.DIED, 0), Spawn(0)]
     assert m.task_state(2) is TaskState.RUNNING  # on the other worker, untouched
     assert m.queued == [3]
     assert start(m, 0) == [Send(0, 3)]
@@ -179,7 +178,7 @@ def test_death_requeues_tasks_received_but_not_started_at_the_front():
     assert [m.task_state(t) for t in (1, 2, 3)] == [TaskState.RUNNING, TaskState.ASSIGNED,
                                                     TaskState.ASSIGNED]
     actions = exited(m, 0)
-    assert actions == [FailDied(1, 0), Spawn(0)]  # 2 and 3 are not failed
+    assert actions == [Fail(1, FailCause.DIED, 0), Spawn(0)]  # 2 and 3 are not failed
     assert m.queued == [2, 3, 4]  # and keep their place ahead of 4
     assert start_warm(m, 0) == [Send(0, 2), Send(0, 3), Send(0, 4)]
 
@@ -191,7 +190,7 @@ def test_tasks_left_unread_in_the_pipe_are_requeued_even_the_first():
     assert exited(m, 0, unread_bytes=2 * SMALL) == [Spawn(0)]  # it read neither
     assert m.queued == [1, 2]
     start_warm(m, 0)
-    assert exited(m, 0, unread_bytes=SMALL) == [FailDied(1, 0), Spawn(0)]
+    assert exited(m, 0, unread_bytes=SMALL) == [Fail(1, FailCause.DIED, 0), Spawn(0)]
     assert m.queued == [2]
 
 
@@ -217,7 +216,7 @@ def test_repeated_start_failures_break_the_pool_and_fail_waiting_tasks():
     actions = []
     for _ in range(MAX_START_FAILURES):
         actions = exited(m, 0)  # died while STARTING
-    assert actions == [Broken(), FailBroken(1), FailBroken(2)]
+    assert actions == [Broken(), Fail(1, FailCause.BROKEN), Fail(2, FailCause.BROKEN)]
     assert m.slots[0].state is SlotState.EMPTY and m.schedule() == []  # no fork loop
     assert m.closed  # broken, with nothing left to run: it ends by itself
 
@@ -229,7 +228,7 @@ def broken_while_slot_0_runs_task_1() -> StateMachine:
     start(m, 0)
     for _ in range(MAX_START_FAILURES - 1):
         exited(m, 1)
-    assert exited(m, 1) == [Broken(), FailBroken(2)]
+    assert exited(m, 1) == [Broken(), Fail(2, FailCause.BROKEN)]
     assert m.life is PoolLife.BROKEN and m.queued == []
     return m
 
@@ -239,7 +238,7 @@ def test_a_broken_pool_fails_a_task_its_dying_worker_never_started_and_closes():
     # worker then dies before reading task 1, no worker will ever run it: it fails at once
     # (it used to wait in the queue, and shutdown never finished).
     m = broken_while_slot_0_runs_task_1()
-    assert exited(m, 0, unread_bytes=LARGE) == [FailBroken(1)]
+    assert exited(m, 0, unread_bytes=LARGE) == [Fail(1, FailCause.BROKEN)]
     assert m.closed  # nothing runs, nothing waits: the broken pool ends by itself
 
 
@@ -250,9 +249,9 @@ def test_a_broken_pool_lets_running_tasks_finish_stops_idle_workers_then_closes(
     start(m, 0, 1)  # tasks 1 and 2 run; 3 waits for slot 2, which keeps failing to start
     for _ in range(MAX_START_FAILURES - 1):
         assert exited(m, 2) == [Spawn(2)]
-    assert exited(m, 2) == [Broken(), FailBroken(3)]
+    assert exited(m, 2) == [Broken(), Fail(3, FailCause.BROKEN)]
     assert m.life is PoolLife.BROKEN
-    assert m.submit(4, frame_bytes=LARGE) == [FailBroken(4)]  # sent before the caller knew
+    assert m.submit(4, frame_bytes=LARGE) == [Fail(4, FailCause.BROKEN)]  # sent before the caller knew
     assert m.task_replied(1, 2) == [Resolve(2), AskToExit(1)]  # idle: stopped at once
     assert m.shutdown(cancel_futures=False) == []  # already draining
     assert exited(m, 1) == [] and not m.closed
@@ -277,7 +276,7 @@ def test_a_broken_pool_runs_tasks_taken_back_on_a_worker_that_did_start():
 def test_a_failed_write_in_a_broken_pool_fails_the_task_once_no_worker_is_left():
     m = broken_while_slot_0_runs_task_1()
     # Back in the queue, but the only worker is being killed: no worker is left to take it.
-    assert m.send_failed(0, 1) == [Signal(0, signal.SIGKILL), FailBroken(1)]
+    assert m.send_failed(0, 1) == [Signal(0, signal.SIGKILL), Fail(1, FailCause.BROKEN)]
     assert exited(m, 0) == [] and m.closed  # (it used to wait in the queue for good)
 
 
@@ -331,7 +330,7 @@ def test_a_cancelled_last_task_gives_its_quota_back():
     m.submit(1, frame_bytes=LARGE), m.submit(2, frame_bytes=LARGE)
     assert start(m, 0) == [Send(0, 1)]
     assert m.slots[0].state is SlotState.RETIRING
-    assert m.task_cancelled(0, 1) == [Send(0, 2)]  # the worker never got task 1
+    assert m.send_cancelled(0, 1) == [Send(0, 2)]  # the worker never got task 1
     assert m.task_replied(0, 2) == [Resolve(2), AskToExit(0)]
 
 
@@ -339,7 +338,7 @@ def test_cancelled_before_send_is_withdrawn():
     m, _ = machine(1)
     m.submit(1, frame_bytes=LARGE), m.submit(2, frame_bytes=LARGE)
     assert start(m, 0) == [Send(0, 1)]
-    assert m.task_cancelled(0, 1) == [Send(0, 2)]
+    assert m.send_cancelled(0, 1) == [Send(0, 2)]
     assert m.task_state(1) is None
 
 
@@ -358,7 +357,7 @@ def test_misbehaving_worker_fails_its_task_and_is_killed():
     m, _ = machine(1)
     m.submit(1, frame_bytes=LARGE)
     start(m, 0)
-    assert m.worker_misbehaved(0, "garbage") == [Misbehaved(0), FailMisbehaved(1, 0),
+    assert m.worker_misbehaved(0, "garbage") == [Misbehaved(0), Fail(1, FailCause.MISBEHAVED, 0),
                                                  Signal(0, signal.SIGKILL)]
     assert exited(m, 0) == [Spawn(0)]
 
@@ -457,7 +456,7 @@ def test_a_timed_out_task_fails_with_its_timeout_and_the_slot_is_refilled():
     assert m.tick() == [DumpStack(0)]
     clock.now += 1  # it did not write its stack and exit in time: killed
     assert m.tick() == [Signal(0, signal.SIGKILL)]
-    assert exited(m, 0) == [FailTimedOut(1, 0, 2.0), Spawn(0)]
+    assert exited(m, 0) == [Fail(1, FailCause.TIMED_OUT, 0, 2.0), Spawn(0)]
     assert m.worker_ready(0) == [Send(0, 2)]
 
 
@@ -584,7 +583,7 @@ def test_stopping_a_task_that_timed_out_reports_the_timeout():
     clock.now += 1
     m.tick()
     assert m.stop_task(1) == []
-    assert exited(m, 0) == [FailTimedOut(1, 0, 1.0), Spawn(0)]
+    assert exited(m, 0) == [Fail(1, FailCause.TIMED_OUT, 0, 1.0), Spawn(0)]
 
 
 def test_terminate_cancels_the_queue_and_escalates_sigterm_to_sigkill():
@@ -595,10 +594,10 @@ def test_terminate_cancels_the_queue_and_escalates_sigterm_to_sigkill():
     assert m.terminate(signal.SIGTERM) == [Cancel(3), Cancel(4), Signal(0, signal.SIGTERM),
                                            Signal(1, signal.SIGTERM)]
     assert m.life is PoolLife.TERMINATING
-    assert exited(m, 0) == [FailTerminated(1, 0)]  # no refill while terminating
+    assert exited(m, 0) == [Fail(1, FailCause.TERMINATED, 0)]  # no refill while terminating
     clock.now += 0.5
     assert m.tick() == [Signal(1, signal.SIGKILL)]  # slot 1 ignores SIGTERM
-    assert exited(m, 1) == [FailTerminated(2, 1)]
+    assert exited(m, 1) == [Fail(2, FailCause.TERMINATED, 1)]
     assert m.closed
 
 
@@ -608,7 +607,7 @@ def test_kill_workers_sends_sigkill_at_once_and_cancels_unstarted_tasks():
         m.submit(task_id, frame_bytes=SMALL)
     start_warm(m, 0)
     assert m.terminate(signal.SIGKILL) == [Signal(0, signal.SIGKILL)]
-    assert exited(m, 0, unread_bytes=SMALL) == [FailTerminated(1, 0), Stopped(3), Stopped(2)]
+    assert exited(m, 0, unread_bytes=SMALL) == [Fail(1, FailCause.TERMINATED, 0), Stopped(3), Stopped(2)]
     assert m.closed
 
 
@@ -679,7 +678,7 @@ def test_a_reply_out_of_turn_in_a_batch_ends_the_batch_as_misbehaviour():
     actions = m.tasks_replied(0, [(1, None), (3, None), (2, None)])
     # 1 was running: its reply counts. 3 was not: the worker misbehaved, 2 (now running)
     # fails with it, and nothing after the bad reply is believed.
-    assert actions[:3] == [Resolve(1), Misbehaved(0), FailMisbehaved(2, 0)]
+    assert actions[:3] == [Resolve(1), Misbehaved(0), Fail(2, FailCause.MISBEHAVED, 0)]
     assert Resolve(2) not in actions and m.task_state(3) is TaskState.QUEUED
 
 
@@ -768,13 +767,13 @@ def test_tasks_cancelled_in_the_queue_leave_it_wherever_they_are():
     for task_id in range(1, 7):
         m.submit(task_id, frame_bytes=LARGE)
     start(m, 0)  # task 1 runs; 2..6 wait
-    assert m.tasks_cancelled([6, 3, 2, 1, 99]) == [Stopped(6), Stopped(3), Stopped(2)]
+    assert m.callers_cancelled([6, 3, 2, 1, 99]) == [Stopped(6), Stopped(3), Stopped(2)]
     assert m.queued == [4, 5] and m.census() == (2, 1)
     assert m.task_state(3) is None
     assert m.task_replied(0, 1) == [Resolve(1), Send(0, 4)]  # the front skips what left
-    assert m.tasks_cancelled([4, 5]) == [Stopped(5)]  # 4 was sent meanwhile: not queued
+    assert m.callers_cancelled([4, 5]) == [Stopped(5)]  # 4 was sent meanwhile: not queued
     assert m.queued == [] and m.census() == (0, 1)
-    assert m.tasks_cancelled([]) == []
+    assert m.callers_cancelled([]) == []
 
 
 def test_a_running_task_stopped_before_its_worker_read_it_ends_stopped_not_requeued():
@@ -829,13 +828,13 @@ def test_refused_starts_fail_what_is_queued_only_once_no_worker_can_take_it():
         assert m.spawn_refused(0) == []
         clock.now = m.next_deadline()
         assert m.tick() == [Spawn(0)]
-    assert m.spawn_refused(0) == [FailRefused(1), FailRefused(2)]
+    assert m.spawn_refused(0) == [Fail(1, FailCause.REFUSED), Fail(2, FailCause.REFUSED)]
     assert m.life is PoolLife.OPEN
     # A task submitted later waits for the next try, and fails if that one is refused too...
     assert m.submit(3, frame_bytes=LARGE) == []
     clock.now = m.next_deadline()
     assert m.tick() == [Spawn(0)]
-    assert m.spawn_refused(0) == [FailRefused(3)]
+    assert m.spawn_refused(0) == [Fail(3, FailCause.REFUSED)]
     # ... or runs once a worker starts.
     m.submit(4, frame_bytes=LARGE)
     clock.now = m.next_deadline()
@@ -873,7 +872,7 @@ def test_a_slot_whose_start_was_refused_is_tried_until_it_starts_work_or_not():
     m, clock = machine(1)
     m.submit(1, frame_bytes=LARGE)
     m.spawn_refused(0)
-    assert m.tasks_cancelled([1]) == [Stopped(1)]  # its caller gave up on it
+    assert m.callers_cancelled([1]) == [Stopped(1)]  # its caller gave up on it
     for _ in range(3):  # the pool gets back to its size once the system lets it
         clock.now = m.next_deadline()
         assert m.tick() == [Spawn(0)]
@@ -891,7 +890,7 @@ def test_a_pool_shut_down_while_starts_are_refused_closes_once_the_queue_fails()
         m.spawn_refused(0)
         clock.now = m.next_deadline()
         assert m.tick() == [Spawn(0)]  # a draining pool still starts workers for its queue
-    assert m.spawn_refused(0) == [FailRefused(1)]
+    assert m.spawn_refused(0) == [Fail(1, FailCause.REFUSED)]
     assert m.closed
 
 
@@ -939,7 +938,7 @@ def test_a_worker_that_keeps_not_reading_waits_longer_each_time():
         clock.now += UNREAD_AFTER_SECONDS
         assert m.tick() == [Reclaim(0)]
         m.tasks_reclaimed(0, [task_id])
-        m.tasks_cancelled([task_id])  # (no other worker: its caller gives up on it)
+        m.callers_cancelled([task_id])  # (no other worker: its caller gives up on it)
         waits.append(m.slots[0].stalled_until - clock.now)
         clock.now = m.slots[0].stalled_until
         m.tick()

@@ -75,12 +75,10 @@ class World:
                 roll = self.rng.random()
                 if roll < 0.1:
                     self.end(action.task_id, "cancelled at send")
-                    work += self.machine.task_cancelled(action.index, action.task_id)
+                    work += self.machine.send_cancelled(action.index, action.task_id)
                 elif roll < 0.15:
                     work += self.machine.send_failed(action.index, action.task_id)
-            elif isinstance(action, (act.Resolve, act.FailDied, act.FailMisbehaved,
-                                     act.FailBroken, act.FailRefused, act.Cancel, act.Stopped,
-                                     act.FailTimedOut, act.FailTerminated)):
+            elif isinstance(action, (act.Resolve, act.Fail, act.Cancel, act.Stopped)):
                 self.end(action.task_id, type(action).__name__)
             elif isinstance(action, (act.AskToExit, act.Signal, act.DumpStack)):
                 # (Or for a slot whose start failed after this action was decided: then
@@ -181,7 +179,7 @@ class World:
             self.perform(m.stop_task(rng.randrange(1, self.next_task)))
         elif choice == "cancel":  # callers cancel a few futures, queued or not, at once
             ids = [rng.randrange(1, self.next_task) for _ in range(rng.randint(1, 4))]
-            self.perform(m.tasks_cancelled(ids))
+            self.perform(m.callers_cancelled(ids))
         elif choice == "schedule":
             self.perform(m.schedule())
         elif choice == "terminate":

@@ -41,37 +41,31 @@ class Resolve:
     outcome: Any = _payload()
 
 
+class FailCause(enum.Enum):
+    """Why a task failed without a reply of its own: what the dispatcher's error says."""
+
+    DIED = "died"              # its worker died while running it
+    TIMED_OUT = "timed out"    # it overran its timeout; its worker was asked for its stack,
+                               # then ended
+    TERMINATED = "terminated"  # terminate_workers() or kill_workers() ended its worker
+    MISBEHAVED = "misbehaved"  # its worker sent bytes that are not a reply, or a frame out
+                               # of turn
+    BROKEN = "broken"          # it was queued when the pool stopped starting workers
+    REFUSED = "refused"        # it was queued while the system kept refusing worker starts
+                               # and no worker was left to run it (the pool stays open)
+
+
 @dataclass(frozen=True, slots=True)
-class FailDied:
-    """The task's worker died while running it (``exited``: what is known of the death)."""
+class Fail:
+    """The task failed for ``cause``. ``index`` is the slot whose worker was running it
+    (``None`` for a queued task); ``timeout``, the limit it overran (``TIMED_OUT`` only);
+    ``exited``, what is known of its worker's end; ``reason``, how the worker misbehaved."""
     task_id: int
-    index: int
+    cause: FailCause
+    index: int | None = None
+    timeout: float | None = None
     exited: Any = _payload()
-
-
-@dataclass(frozen=True, slots=True)
-class FailMisbehaved:
-    """The task's worker sent bytes that are not a reply, or a frame out of turn."""
-    task_id: int
-    index: int
     reason: str = _payload("")
-
-
-@dataclass(frozen=True, slots=True)
-class FailTimedOut:
-    """The task overran its timeout; its worker was asked for its stack, then ended."""
-    task_id: int
-    index: int
-    timeout: float
-    exited: Any = _payload()
-
-
-@dataclass(frozen=True, slots=True)
-class FailTerminated:
-    """The task was running when terminate_workers() or kill_workers() ended its worker."""
-    task_id: int
-    index: int
-    exited: Any = _payload()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,19 +73,6 @@ class Stopped:
     """The caller stopped this task: it never started, or (``ran``) its worker was killed."""
     task_id: int
     ran: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class FailBroken:
-    """The pool stopped starting workers; this queued task cannot run."""
-    task_id: int
-
-
-@dataclass(frozen=True, slots=True)
-class FailRefused:
-    """The system keeps refusing to start workers and none is left to run this queued
-    task (the pool stays open and keeps trying: ``StateMachine.spawn_refused``)."""
-    task_id: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +110,7 @@ class DumpStack:
 @dataclass(frozen=True, slots=True)
 class Misbehaved:
     """The slot's worker broke the protocol (``reason`` says how): log it, read nothing
-    more from it. (Its running task's ``FailMisbehaved`` and its kill follow.)"""
+    more from it. Its running task's ``Fail`` and its kill follow."""
     index: int
     reason: str = _payload("")
 
@@ -162,8 +143,7 @@ class Unreaped:
     index: int
 
 
-Action = Union[Spawn, Send, Resolve, FailDied, FailMisbehaved, FailTimedOut, FailTerminated,
-               Stopped, FailBroken, FailRefused, Cancel, Reclaim, AskToExit, Signal, DumpStack,
-               Misbehaved, WorkerGone, Broken, Unreaped]
+Action = Union[Spawn, Send, Resolve, Fail, Stopped, Cancel, Reclaim, AskToExit, Signal,
+               DumpStack, Misbehaved, WorkerGone, Broken, Unreaped]
 
 

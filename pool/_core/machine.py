@@ -11,7 +11,7 @@ Guarantees:
 - a task is sent to a worker once; a worker's tasks are run in the order they were sent, so
   the first in flight is the one running (RUNNING) and the rest are waiting (ASSIGNED);
 - when a worker exits, only its RUNNING task ends; how it ends follows the slot's
-  ``Ending`` (none: ``FailDied``; timed out, stopped, terminated). Its ASSIGNED tasks go back
+  ``Ending`` (none: it died; timed out, stopped, terminated). Its ASSIGNED tasks go back
   to the front of the queue (they never started), or are cancelled when terminating;
 - a task's timeout counts from the moment it becomes RUNNING; when it passes, its worker is
   asked for its stack and then killed, and escalation continues until the process is gone
@@ -26,7 +26,7 @@ Guarantees:
 - every task ends in exactly one of DONE, FAILED or CANCELLED, and every slot ends EMPTY
   or UNUSED before the machine reports ``closed``;
 - the pool's life moves only as ``LIFE_TRANSITIONS`` allows: after ``MAX_START_FAILURES``
-  failed starts in a row it is BROKEN. Then what waits in the queue fails (``FailBroken``),
+  failed starts in a row it is BROKEN. Then what waits in the queue fails (``Fail``, ``BROKEN``),
   and so does every task submitted later; tasks already sent run on the workers that did
   start, and a task that goes back to the queue (taken back from a pipe, or never started
   by a worker that died) waits only while a READY worker is left to take it, else it fails
@@ -34,7 +34,7 @@ Guarantees:
   closes by itself: nothing waits for a worker that will never come;
 - it is the only authority on the protocol: a worker's frame out of turn (a reply for a
   task it is not running, a READY once ready) is the worker misbehaving, answered like
-  garbage on the wire (``Misbehaved``, its running task ``FailMisbehaved``, a kill); an
+  garbage on the wire (``Misbehaved``, its running task fails ``MISBEHAVED``, a kill); an
   exit first says how the worker left (``WorkerGone``: asked, at start, idle, running), and
   which of its tasks never started follows from each task's frame size, told once at submit;
 - an impossible transition raises ``InvalidTransition`` at once (an internal error: the
@@ -48,10 +48,9 @@ import signal
 from collections import deque
 from typing import Callable
 
-from .actions import (Action, AskToExit, Broken, Cancel, Departure, DumpStack, FailBroken,
-                      FailDied, FailMisbehaved, FailRefused, FailTerminated, FailTimedOut,
-                      Misbehaved, Reclaim, Resolve, Send, Signal, Spawn, Stopped, Unreaped,
-                      WorkerGone)
+from .actions import (Action, AskToExit, Broken, Cancel, Departure, DumpStack, Fail,
+                      FailCause, Misbehaved, Reclaim, Resolve, Send, Signal, Spawn, Stopped,
+                      Unreaped, WorkerGone)
 from .states import (LIFE_TRANSITIONS, SLOT_TRANSITIONS, TASK_TRANSITIONS, Ending,
                      Escalation, InvalidTransition, PoolLife, Slot, SlotState, Task,
                      TaskQueue, TaskState, Timeouts)
@@ -85,7 +84,7 @@ MAX_START_FAILURES = 3
 # the workers: it is retried, the first time after START_RETRY_FIRST_SECONDS, then after
 # twice as long each time, up to START_RETRY_MAX_SECONDS between tries, for as long as the
 # pool is open. Once MAX_REFUSED_STARTS starts in a row were refused (about 1.3 s) and no
-# worker is left to run what is queued, the queued tasks fail (``FailRefused``) rather than
+# worker is left to run what is queued, the queued tasks fail (``REFUSED``) rather than
 # wait for a resource that may not come back; tasks submitted later wait for the next try.
 START_RETRY_FIRST_SECONDS = 0.01
 START_RETRY_MAX_SECONDS = 2.0
@@ -263,7 +262,7 @@ class StateMachine:
         self._tasks[task_id] = task
         if life is PoolLife.BROKEN:  # (submitted before the caller could know)
             self._move_task(task, TaskState.FAILED)
-            return [FailBroken(task_id)]
+            return [Fail(task_id, FailCause.BROKEN)]
         self._queue.append(task_id)
         return self._schedule() if schedule else []
 
@@ -345,7 +344,7 @@ class StateMachine:
                 self._move_slot(slot, SlotState.RETIRING)
         return actions + self._schedule()
 
-    def task_cancelled(self, index: int, task_id: int) -> list[Action]:
+    def send_cancelled(self, index: int, task_id: int) -> list[Action]:
         """A task the machine said to send was found cancelled; it was not sent."""
         slot, actions = self._withdraw(index, task_id)
         self._move_task(self._tasks[task_id], TaskState.CANCELLED)
@@ -387,7 +386,7 @@ class StateMachine:
         if slot.in_flight:
             running = slot.in_flight.popleft()
             self._move_task(self._tasks[running], TaskState.FAILED)
-            actions.append(FailMisbehaved(running, index, reason))
+            actions.append(Fail(running, FailCause.MISBEHAVED, index, reason=reason))
         actions += self._requeue_in_flight(slot)
         return actions + self._kill(slot) + self._schedule()
 
@@ -407,7 +406,7 @@ class StateMachine:
         process is started before a delay that doubles with each round of starts refused in
         a row. Once
         ``MAX_REFUSED_STARTS`` were refused and no worker is left to take what is queued,
-        the queued tasks fail with ``FailRefused``."""
+        the queued tasks fail ``REFUSED``."""
         slot = self.slots[index]
         self._move_slot(slot, SlotState.EMPTY)  # (refilled like any empty slot, when tried)
         if self._start_retry_at is None:  # the first refusal of this round of starts
@@ -416,7 +415,7 @@ class StateMachine:
                 START_RETRY_FIRST_SECONDS, self.refused_starts, START_RETRY_MAX_SECONDS)
         actions: list[Action] = []
         if self.refused_starts >= MAX_REFUSED_STARTS and not self._could_take_queued():
-            actions = self._fail_queue(FailRefused)
+            actions = self._fail_queue(FailCause.REFUSED)
         return actions + self._schedule()
 
     def _could_take_queued(self) -> bool:
@@ -496,10 +495,10 @@ class StateMachine:
         slot = next(s for s in self.slots if s.in_flight and s.in_flight[0] == task_id)
         return self._stop_running(slot)
 
-    def tasks_cancelled(self, task_ids: list[int]) -> list[Action]:
+    def callers_cancelled(self, task_ids: list[int]) -> list[Action]:
         """Their callers cancelled these tasks' futures while they were queued: they leave
         the queue (in O(1) each). Tasks no longer queued are skipped: already sent (found
-        cancelled at send time: ``task_cancelled``), ended, or never known."""
+        cancelled at send time: ``send_cancelled``), ended, or never known."""
         actions: list[Action] = []
         for task_id in task_ids:
             task = self._tasks.get(task_id)
@@ -667,10 +666,10 @@ class StateMachine:
         self._move_task(task, TaskState.FAILED)
         if slot.ending is Ending.TIMED_OUT:
             assert task.timeout is not None
-            return FailTimedOut(task.task_id, slot.index, task.timeout, exited)
+            return Fail(task.task_id, FailCause.TIMED_OUT, slot.index, task.timeout, exited)
         if slot.ending is Ending.TERMINATED:
-            return FailTerminated(task.task_id, slot.index, exited)
-        return FailDied(task.task_id, slot.index, exited)
+            return Fail(task.task_id, FailCause.TERMINATED, slot.index, exited=exited)
+        return Fail(task.task_id, FailCause.DIED, slot.index, exited=exited)
 
     def _requeue_in_flight(self, slot: Slot) -> list[Action]:
         task_ids = list(slot.in_flight)
@@ -700,14 +699,13 @@ class StateMachine:
         self._move_life(PoolLife.BROKEN)
         return [Broken()] + self._fail_queue()
 
-    def _fail_queue(self, failure: type[FailBroken | FailRefused] = FailBroken
-                    ) -> list[Action]:
-        """Fail every queued task with ``failure`` (the pool broke, or no worker can start)."""
+    def _fail_queue(self, cause: FailCause = FailCause.BROKEN) -> list[Action]:
+        """Fail every queued task for ``cause``: the pool broke, or no worker can start."""
         actions: list[Action] = []
         while self._queue:
             task_id = self._queue.popleft()
             self._move_task(self._tasks[task_id], TaskState.FAILED)
-            actions.append(failure(task_id))
+            actions.append(Fail(task_id, cause))
         return actions
 
     def _schedule(self) -> list[Action]:

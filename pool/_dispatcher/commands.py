@@ -2,7 +2,7 @@
 
 Owns: nothing but these value types. Created in callers' threads, consumed in the
 dispatcher thread (through its command queue).
-Guarantees: a ``TaskRecord`` is the only place a submitted task's future and encoded call
+Guarantees: a ``Submission`` is the only place a submitted task's future and encoded call
 live; the dispatcher pops it when the task ends.
 """
 
@@ -17,7 +17,7 @@ from .._wire.frames import Buffers
 
 
 @dataclass(eq=False, slots=True)
-class TaskRecord:
+class Submission:
     """A submitted task as the dispatcher tracks it."""
 
     info: TaskInfo
@@ -35,7 +35,7 @@ EncodedCall = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Buffers
 
 @dataclass(frozen=True, slots=True)
 class Submit:
-    records: list[TaskRecord]  # one submit(), or a group of map()'s, in order
+    records: list[Submission]  # one submit(), or a group of map()'s, in order
 
 
 @dataclass(frozen=True, slots=True)

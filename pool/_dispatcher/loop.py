@@ -9,7 +9,7 @@
  Dispatcher.terminate(signum)                 *reply fds, *sentinels],           run fn(*args)
  Dispatcher.live_processes()                  timeout=next deadline)             write_frame(RESULT
    Submit|StopTask|Terminate|Sync  drain_cancels   (_cancels → StateMachine.        | RAISED)
-   ─► _commands, _wakeup.wake()                     tasks_cancelled)
+   ─► _commands, _wakeup.wake()                     callers_cancelled)
  Dispatcher.cancelled(id)         drain_wakeups   (Submit, Shutdown, StopTask,
    ─► _cancels (no lock, no wake)                   Terminate, Sync → census and
                                                     stats published, latch)
@@ -26,7 +26,7 @@
                                                     per small frame; a thread
                                                     writes a large one)
                                    _perform(actions of the StateMachine:        _watch_parent:
-                                     Spawn, Send, Resolve, Fail* (→ WorkerDied,   lifeline hang-up
+                                     Spawn, Send, Resolve, Fail (→ WorkerDied,   lifeline hang-up
                                      TaskTimeout, ...), Stopped, Reclaim,         → killpg, exit
                                      AskToExit, Signal, DumpStack, Misbehaved,
                                      WorkerGone, Unreaped, Broken)
@@ -71,17 +71,18 @@ from concurrent.futures import Future
 from multiprocessing.connection import wait
 from typing import Any, Callable, Iterator
 
+from .._core.actions import FailCause
 from .._core import actions as _actions, states as _records, machine as _state
 from .. import _exit
 from .._wire import frames as _frames, limits as _limits, pickling as _pickling
 from .._worker import teardown as _teardown
-from .commands import (Command, EncodedCall, Shutdown, StopTask, Submit, Sync, TaskRecord,
+from .commands import (Command, EncodedCall, Shutdown, StopTask, Submission, Submit, Sync,
                        Terminate)
-from .._errors import (PoolInternalError, TaskInfo, WorkerDied, WorkerProtocolError,
+from .._errors import (PoolInternalError, TaskInfo, WorkerDied, WorkerProtocolError, copy_error,
                        describe_exit)
 from .._futures import CallbackRunner, Latch, PoolFuture, install_on_dispatcher_thread
 from .._worker.main_guard import keep_main_importable
-from .outcomes import (StartFailures, failure, format_error, fresh, is_refusal, resolve,
+from .outcomes import (StartFailures, failure, format_error, is_refusal, resolve,
                        warn_if_descriptors_short)
 from .._core.machine import StateMachine
 from .._stats import Counters, Outcome, PoolStats, WorkerStats
@@ -150,7 +151,7 @@ class Dispatcher:
                                      pipeline_max_frame=_limits.PIPELINE_MAX_FRAME,
                                      timeouts=timeouts,
                                      idle_timeout=idle_timeout)
-        self._tasks: dict[int, TaskRecord] = {}
+        self._tasks: dict[int, Submission] = {}
         self._workers: dict[int, WorkerHandle] = {}  # a slot's index -> its live worker
         self._abandoned: list[WorkerHandle] = []     # survived SIGKILL's grace; reported
         self._lingering: dict[int, float] = {}       # process group -> when to give up on it
@@ -198,7 +199,7 @@ class Dispatcher:
             raise RuntimeError(f"this pool belongs to process {self._owner_pid}; a forked "
                                f"child ({os.getpid()}) cannot use it")
         if self.broken_error is not None:
-            raise fresh(self.broken_error)
+            raise copy_error(self.broken_error)
         if self._life is not LoopLife.OPEN:
             raise RuntimeError("cannot schedule new futures after shutdown")
         if _exit.interpreter_exiting:
@@ -224,7 +225,7 @@ class Dispatcher:
                 future: PoolFuture[Any] = PoolFuture()
                 task_id = next(self._task_ids)
                 future._stopper, future._task_id = self, task_id
-                records.append(TaskRecord(TaskInfo(task_id, fn, args, kwargs), future, body,
+                records.append(Submission(TaskInfo(task_id, fn, args, kwargs), future, body,
                                           header + _frames.size_of(body), timeout))
                 futures.append(future)
             self._commands.put(Submit(records))
@@ -482,7 +483,7 @@ class Dispatcher:
                 task_ids.append(self._cancels.get_nowait())
             except queue.Empty:
                 break
-        self._perform(self._machine.tasks_cancelled(task_ids))
+        self._perform(self._machine.callers_cancelled(task_ids))
 
     def _take_commands(self) -> Iterator[Command]:
         while True:
@@ -652,7 +653,7 @@ class Dispatcher:
                    "pool_signal": error.signal_name, "pool_task": error.task.describe(),
                    "pool_task_id": error.task.task_id})
 
-    def _count_end(self, record: TaskRecord, outcome: Outcome) -> None:
+    def _count_end(self, record: Submission, outcome: Outcome) -> None:
         """Count how a task that ran ended (for ``stats()``): a task its caller stopped
         while it ran ends cancelled, whatever came back, so it counts as stopped."""
         self._counters.ended(Outcome.STOPPED if record.future._stop_requested else outcome)
@@ -662,16 +663,8 @@ class Dispatcher:
             return self._send(action.index, self._tasks[action.task_id])
         if isinstance(action, _actions.Resolve):
             self._resolve(action)
-        elif isinstance(action, (_actions.FailDied, _actions.FailTimedOut,
-                                 _actions.FailTerminated)):
-            record = self._tasks.pop(action.task_id)
-            error = failure(action, action.exited, record.info)
-            if isinstance(error, WorkerDied):
-                self._log_death(error)
-            self._count_end(record, Outcome.FAILED if isinstance(action, _actions.FailDied)
-                            else Outcome.TIMED_OUT
-                            if isinstance(action, _actions.FailTimedOut) else Outcome.STOPPED)
-            resolve(record.future, None, error)
+        elif isinstance(action, _actions.Fail):
+            self._fail(action)
         elif isinstance(action, _actions.WorkerGone):
             self._departed(action)
         elif isinstance(action, _actions.Misbehaved):
@@ -679,23 +672,6 @@ class Dispatcher:
             worker.misbehaved = action.reason
             logger.error("%s: worker pid %d sent %s; killing it", self.name, worker.pid,
                          action.reason)
-        elif isinstance(action, _actions.FailMisbehaved):
-            record = self._tasks.pop(action.task_id)
-            pid = self._workers[action.index].pid
-            self._count_end(record, Outcome.FAILED)
-            resolve(record.future, None, WorkerProtocolError(
-                f"worker pid {pid} sent bytes that are not a reply while running "
-                f"{record.info.describe()}: {action.reason}"))
-        elif isinstance(action, _actions.FailBroken):  # (after Broken, which set the error)
-            record = self._tasks.pop(action.task_id)
-            self._count_end(record, Outcome.FAILED)
-            assert self.broken_error is not None
-            resolve(record.future, None, fresh(self.broken_error))
-        elif isinstance(action, _actions.FailRefused):
-            record = self._tasks.pop(action.task_id)
-            self._count_end(record, Outcome.FAILED)
-            resolve(record.future, None,
-                    self._start_failures.refused_error(self._machine.refused_starts))
         elif isinstance(action, (_actions.Cancel, _actions.Stopped)):
             # Ends cancelled even if it was already marked running: a task taken back
             # from a worker's pipe unread, then cancelled by shutdown or a stop.
@@ -730,16 +706,42 @@ class Dispatcher:
             raise AssertionError(f"unknown action {action!r}")
         return []
 
-    def _refuse(self, record: TaskRecord) -> None:
+    def _fail(self, action: _actions.Fail) -> None:
+        """Fail a task with the error its cause calls for, and count how it ended."""
+        record = self._tasks.pop(action.task_id)
+        cause = action.cause
+        outcome = Outcome.FAILED
+        if cause is FailCause.BROKEN:  # Broken came first and set the error
+            assert self.broken_error is not None
+            error = copy_error(self.broken_error)
+        elif cause is FailCause.REFUSED:
+            error = self._start_failures.refused_error(self._machine.refused_starts)
+        elif cause is FailCause.MISBEHAVED:
+            assert action.index is not None
+            error = WorkerProtocolError(
+                f"worker pid {self._workers[action.index].pid} sent bytes that are not a "
+                f"reply while running {record.info.describe()}: {action.reason}")
+        else:
+            error = failure(action, record.info)
+            if isinstance(error, WorkerDied):
+                self._log_death(error)
+            if cause is FailCause.TIMED_OUT:
+                outcome = Outcome.TIMED_OUT
+            elif cause is FailCause.TERMINATED:
+                outcome = Outcome.STOPPED
+        self._count_end(record, outcome)
+        resolve(record.future, None, error)
+
+    def _refuse(self, record: Submission) -> None:
         """End a submission the loop will not queue: one its caller cancelled before the
         loop saw it (it ends cancelled, and ``wait`` hears of it), or one that reached the
         loop after the pool closed (a caller queued it just as a broken pool ended by
         itself, before it could see ``broken_error``) or failed (with ``broken_error``)."""
         self._counters.submitted += 1
-        self._end_unrun(record, fresh(self.broken_error) if self.broken_error is not None
+        self._end_unrun(record, copy_error(self.broken_error) if self.broken_error is not None
                         else RuntimeError("cannot schedule new futures after shutdown"))
 
-    def _end_unrun(self, record: TaskRecord, error: BaseException) -> None:
+    def _end_unrun(self, record: Submission, error: BaseException) -> None:
         """End a task that will never run: cancelled if its caller cancelled it (so that
         ``wait`` and ``as_completed`` hear of it), else failed with ``error``."""
         if record.future.cancelled():
@@ -772,12 +774,12 @@ class Dispatcher:
             index, unread_bytes=exited.unread_task_bytes, exited=exited,
             lost_track=bool(exited.ended_because)))
 
-    def _send(self, index: int, record: TaskRecord) -> list[_actions.Action]:
+    def _send(self, index: int, record: Submission) -> list[_actions.Action]:
         if not record.marked_running:
             if not record.future.set_running_or_notify_cancel():
                 self._counters.ended(Outcome.CANCELLED)
                 self._tasks.pop(record.info.task_id)
-                return self._machine.task_cancelled(index, record.info.task_id)
+                return self._machine.send_cancelled(index, record.info.task_id)
             record.marked_running = True
         self._workers[index].send(record.info.task_id, record.body,  # written by flush_sends
                                  record.frame_bytes)
@@ -860,7 +862,7 @@ class Dispatcher:
             self.broken_error = error
             self._become(LoopLife.FAILED)  # (the machine's records no longer describe anything)
         for record in self._tasks.values():
-            self._end_unrun(record, fresh(error))
+            self._end_unrun(record, copy_error(error))
         self._tasks.clear()
         self._answer_leftovers()
         for worker in self._workers.values():

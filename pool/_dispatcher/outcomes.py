@@ -3,7 +3,7 @@
 Owns: the functions that resolve futures and build ``WorkerDied``, ``TaskTimeout``,
 ``WorkerTerminated``, ``InitializerError`` and ``WorkerStartRefused``, and the record of why
 workers failed to start.
-Runs in: the dispatcher thread (and callers' threads for ``fresh``).
+Runs in: the dispatcher thread.
 Guarantees: resolving never raises (a future the caller cancelled meanwhile is left as it
 is); no user code runs here: messages that show user objects are built lazily by the
 exceptions themselves.
@@ -94,24 +94,17 @@ def resolve(future: PoolFuture[Any], result: Any, exception: BaseException | Non
         pass
 
 
-def failure(action: _actions.FailDied | _actions.FailTimedOut | _actions.FailTerminated,
-            exited: Exit, info: TaskInfo) -> BaseException:
-    """The error for a task whose worker ended while running it."""
-    if isinstance(action, _actions.FailTimedOut):
+def failure(action: _actions.Fail, info: TaskInfo) -> BaseException:
+    """The error for a task whose worker ended while running it (it died, timed out, or
+    was terminated)."""
+    exited: Exit = action.exited
+    if action.cause is _actions.FailCause.TIMED_OUT:
+        assert action.timeout is not None
         return TaskTimeout(action.timeout, exited.pid, info, exited.crash_report)
-    if isinstance(action, _actions.FailTerminated):
+    if action.cause is _actions.FailCause.TERMINATED:
         return WorkerTerminated(exited.pid, exited.exitcode, info)
     return WorkerDied(exited.pid, exited.exitcode, info, exited.crash_report,
                       exited.ended_because)
-
-
-def fresh(error: BaseException) -> BaseException:
-    """A new instance to raise in one more thread, keeping the message and the cause."""
-    copy = type(error).__new__(type(error))
-    copy.__dict__.update(getattr(error, "__dict__", {}))
-    copy.args = error.args
-    copy.__cause__ = error.__cause__
-    return copy
 
 
 # What the system says when it is out of a resource: descriptors (per process, system-wide),
