@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent("""
     import json, multiprocessing, os, sys, threading, time
     import pool
     from helpers import wait_until
-    from pool import _pipes
+    from pool._wire import pipes as _pipes
 
     def warm_up(n):
         time.sleep(0.3)

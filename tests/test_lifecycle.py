@@ -149,8 +149,9 @@ report(first=first, later=list(forkserver._forkserver._preload_modules),
 
 
 def test_the_forkserver_preloads_the_worker_after_the_users_modules(tmp_path):
-    # A worker forked from a forkserver that has imported pool._worker.main starts at the cost of
-    # a fork; the user's preload list comes first, and a running forkserver is left alone.
+    # A worker forked from a forkserver that has imported pool._worker.main starts at the
+    # cost of a fork; the user's preload list comes first, and a running forkserver is left
+    # alone.
     facts, _ = run_script(FORKSERVER_PRELOAD, "forkserver", tmp_path, timeout=90)
     assert facts["first"] == ["__main__", "json", "pool._worker.main", "pool._errors",
                               "cloudpickle", "tblib.pickling_support"]
