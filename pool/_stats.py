@@ -102,28 +102,29 @@ class Outcome(enum.Enum):
 class Counters:
     """Running totals, changed by the dispatcher thread only (see the module docstring)."""
 
-    __slots__ = ("submitted", "workers_started", "starts_refused", "endings", "deaths")
+    __slots__ = ("submitted", "workers_started", "starts_refused", "tasks_by_outcome",
+                 "deaths_by_cause")
 
     def __init__(self) -> None:
         self.submitted = self.workers_started = self.starts_refused = 0
-        self.endings = dict.fromkeys(Outcome, 0)
-        self.deaths: collections.Counter[str] = collections.Counter()
+        self.tasks_by_outcome = dict.fromkeys(Outcome, 0)
+        self.deaths_by_cause: collections.Counter[str] = collections.Counter()
 
     def ended(self, outcome: Outcome) -> None:
-        self.endings[outcome] += 1
+        self.tasks_by_outcome[outcome] += 1
 
     def worker_died(self, exitcode: int | None) -> None:
-        self.deaths[death_cause(exitcode)] += 1
+        self.deaths_by_cause[death_cause(exitcode)] += 1
 
     def snapshot(self, queued: int, running: int, workers: tuple[WorkerStats, ...]
                  ) -> PoolStats:
-        endings = self.endings
+        by_outcome, by_cause = self.tasks_by_outcome, self.deaths_by_cause
         return PoolStats(
             submitted=self.submitted, queued=queued, running=running,
-            completed=endings[Outcome.COMPLETED], failed=endings[Outcome.FAILED],
-            cancelled=endings[Outcome.CANCELLED], stopped=endings[Outcome.STOPPED],
-            timed_out=endings[Outcome.TIMED_OUT], workers_started=self.workers_started,
-            worker_deaths=sum(self.deaths.values()), deaths_by_cause=dict(self.deaths),
+            completed=by_outcome[Outcome.COMPLETED], failed=by_outcome[Outcome.FAILED],
+            cancelled=by_outcome[Outcome.CANCELLED], stopped=by_outcome[Outcome.STOPPED],
+            timed_out=by_outcome[Outcome.TIMED_OUT], workers_started=self.workers_started,
+            worker_deaths=sum(by_cause.values()), deaths_by_cause=dict(by_cause),
             starts_refused=self.starts_refused, workers=workers)
 
 

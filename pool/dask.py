@@ -138,9 +138,9 @@ class ProcessPoolPlugin(WorkerPlugin):
         options = dict(self.options)
         if options["max_workers"] is None:
             options["max_workers"] = worker.state.nthreads
-        executor = _DaskWorkerPool(mp_context=context, **options)
-        self._installed[id(worker)] = (executor, worker.executors.get(self.executor))
-        worker.executors[self.executor] = executor
+        worker_pool = _DaskWorkerPool(mp_context=context, **options)
+        self._installed[id(worker)] = (worker_pool, worker.executors.get(self.executor))
+        worker.executors[self.executor] = worker_pool
         if self.count_children_memory:
             _count_children_memory(worker)
 
@@ -148,8 +148,8 @@ class ProcessPoolPlugin(WorkerPlugin):
         installed = self._installed.pop(id(worker), None)
         if installed is None:
             return
-        executor, replaced = installed
-        if worker.executors.get(self.executor) is executor:
+        worker_pool, replaced = installed
+        if worker.executors.get(self.executor) is worker_pool:
             # Tasks that start from now on find the executor that was there before.
             if replaced is None:
                 del worker.executors[self.executor]
@@ -160,16 +160,16 @@ class ProcessPoolPlugin(WorkerPlugin):
         if worker.status in _CLOSING:
             # Dask has given up the tasks still running (it cancelled their awaits and runs
             # them elsewhere): end them now rather than hold up the close.
-            await _in_thread(executor.terminate_workers)
+            await _in_thread(worker_pool.terminate_workers)
         else:
             # Removed or replaced while the worker goes on: what the pool runs finishes,
             # then its processes end, without holding up the removal (or the replacement's
             # setup). It stays among the worker's executors under a name no task uses, so
             # that if the worker closes meanwhile, its close (which shuts every executor
             # down) ends the pool with the rest, terminating what still runs.
-            executor.shutdown(wait=False)
-            executor.terminate_at_shutdown = True
-            worker.executors[f"{self.executor} (removed pool {id(executor):x})"] = executor
+            worker_pool.shutdown(wait=False)
+            worker_pool.terminate_at_shutdown = True
+            worker.executors[f"{self.executor} (removed pool {id(worker_pool):x})"] = worker_pool
 
 
 class _DaskWorkerPool(ProcessPool):

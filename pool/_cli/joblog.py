@@ -29,9 +29,9 @@ import array
 import os
 from typing import Callable, Iterator, NamedTuple
 
-from .write import WriteFailed, write_all
+from .write import WriteFailed, write_or_give_up
 
-HEADER = ("Seq", "Start", "Runtime", "Outcome", "Exitcode", "Signal", "Pid", "Attempts",
+COLUMNS = ("Seq", "Start", "Runtime", "Outcome", "Exitcode", "Signal", "Pid", "Attempts",
           "Error", "Input")
 
 
@@ -81,7 +81,7 @@ class Joblog:
         log = cls(fd, path)
         if not append:
             try:
-                log._put("\t".join(HEADER) + "\n", _never)
+                log._put("\t".join(COLUMNS) + "\n", _never)
             except JoblogError:
                 log.close()
                 raise
@@ -92,7 +92,7 @@ class Joblog:
 
     def _put(self, text: str, give_up: Callable[[], bool]) -> None:
         try:
-            write_all(self._fd, text.encode("utf-8", "surrogateescape"), give_up)
+            write_or_give_up(self._fd, text.encode("utf-8", "surrogateescape"), give_up)
         except WriteFailed as exc:
             raise JoblogError(f"cannot write the job log {self._path}: "
                               f"{exc.error.strerror or exc.error}") from exc.error
@@ -224,7 +224,7 @@ def read_joblog(path: str) -> Logged:
     try:
         with open(path, "rb") as stream:
             first = stream.readline()
-            if tuple(_text(first).rstrip("\n").split("\t")) != HEADER:
+            if tuple(_text(first).rstrip("\n").split("\t")) != COLUMNS:
                 raise JoblogError(f"{path} is not a job log of python -m pool map "
                                   f"(its first line is not the header)")
             offset = len(first)
@@ -232,7 +232,7 @@ def read_joblog(path: str) -> Logged:
                 if not raw.endswith(b"\n"):
                     break  # the last line of a run killed while writing it: not finished
                 fields = _text(raw)[:-1].split("\t")
-                if (len(fields) != len(HEADER) or not fields[0].isascii()
+                if (len(fields) != len(COLUMNS) or not fields[0].isascii()
                         or not fields[0].isdigit()):
                     raise JoblogError(f"{path}, line {number}: not a job log entry")
                 seq = int(fields[0])

@@ -35,7 +35,7 @@ import stat
 from typing import Callable
 
 from .joblog import Entry, Joblog
-from .write import WriteAbandoned, WriteFailed, write_all
+from .write import WriteAbandoned, WriteFailed, write_or_give_up
 
 # How long the reader waits for a place at a time, so that it sees ``stopped`` promptly.
 _TAKE_SLICE_SECONDS = 0.25
@@ -130,7 +130,7 @@ class Lines:
             self.abandon()
             raise OutputClosed
         try:
-            write_all(self._fd, self._buffer, self._give_up)
+            write_or_give_up(self._fd, self._buffer, self._give_up)
         except WriteAbandoned as exc:   # (the rest is kept: the run may try again)
             self._out(exc.written)
             raise
@@ -183,7 +183,7 @@ class Messages:
         if self._fd is None:
             return
         try:
-            write_all(self._fd, text.encode("utf-8", "backslashreplace"), self._give_up)
+            write_or_give_up(self._fd, text.encode("utf-8", "backslashreplace"), self._give_up)
         except (OSError, WriteAbandoned, WriteFailed):
             pass
 

@@ -22,7 +22,7 @@ from .inputs import counter, read_inputs, records_of, records_of_arguments
 from .joblog import Joblog, JoblogError, Resume, read_joblog
 from .options import (EXIT_INTERRUPTED, EXIT_MANY_FAILED, EXIT_OK, EXIT_PIPE, EXIT_USAGE,
                       Options, build_parsers, flush_quietly, is_open)
-from .map_run import End, Outcome, Run
+from .map_run import End, Run, RunSummary
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command; returns its exit status. A run stopped by a signal ends the
@@ -157,24 +157,24 @@ def _map(args: argparse.Namespace, closed: frozenset[int]) -> int:
                 else None),
         window=args.read_ahead or max(1000, 4 * workers * args.chunksize))
     try:
-        outcome = Run(options, read_inputs(records, args.jsonl), total, stdout_fd=1,
+        summary = Run(options, read_inputs(records, args.jsonl), total, stdout_fd=1,
                       stderr_fd=None if 2 in closed else 2).run()
     finally:
         if joblog is not None:
             joblog.close()
         if fd > 0:
             os.close(fd)
-    return _exit_status(outcome)
+    return _exit_status(summary)
 
 
-def _exit_status(outcome: Outcome) -> int:
+def _exit_status(summary: RunSummary) -> int:
     """The status (the run has said on standard error why it ended early)."""
-    if outcome.end is End.SIGNAL:
-        return 128 + outcome.signum
-    if outcome.end is End.OUTPUT_CLOSED:
+    if summary.end is End.SIGNAL:
+        return 128 + summary.signum
+    if summary.end is End.OUTPUT_CLOSED:
         return EXIT_PIPE
-    if outcome.end in (End.DONE, End.HALT):
-        if outcome.failed == 0:
+    if summary.end in (End.DONE, End.HALT):
+        if summary.failed == 0:
             return EXIT_OK
-        return EXIT_MANY_FAILED if outcome.failed > 100 else outcome.failed
+        return EXIT_MANY_FAILED if summary.failed > 100 else summary.failed
     return EXIT_USAGE   # standard output or the job log failed, bad input, a bug

@@ -73,7 +73,7 @@ class End(enum.Enum):
     INTERNAL = "an internal error"
 
 
-class Outcome(NamedTuple):
+class RunSummary(NamedTuple):
     ok: int
     failed: int
     not_finished: int     # inputs read (ahead, queued or running) that got no outcome
@@ -100,7 +100,7 @@ class Run:
         self.winding_up = False
         self.window = Window(options.window)
         messages = Messages(stderr_fd, self._give_up)
-        progress = (output.Progress(messages, tty=messages.isatty(), interval=3.0)
+        progress = (output.ProgressLine(messages, tty=messages.isatty(), interval=3.0)
                     if options.progress and stderr_fd is not None else None)
         self.stdout_is_tty = os.isatty(stdout_fd)
         self.results = Results(
@@ -112,8 +112,8 @@ class Run:
         # The total is for the progress line only: counting a long file must not delay
         # the first result, so it is counted beside the run.
         self.total = total if not callable(total) else None
-        self.counter = (threading.Thread(target=self._count, args=(total,), daemon=True,
-                                         name="pool-map-counter")
+        self.counter = (threading.Thread(target=self._count_total, args=(total,),
+                                         daemon=True, name="pool-map-counter")
                         if callable(total) and progress is not None else None)
         self.jobs: dict[Future[Any], _Job] = {}       # handed to the pool, not yet done
         self.in_pool = 0                               # inputs in those jobs
@@ -123,10 +123,10 @@ class Run:
         # never waits for the main thread to hand it more (16 per worker measured 1.6x
         # the throughput of 4 with one input per chunk); with --halt, no more than can
         # run, so a halt finds nothing queued that would have run after the failure.
-        self.in_flight = options.workers * (1 if options.halt is not None else 16)
-        self.read = self.skipped = 0
+        self.max_jobs = options.workers * (1 if options.halt is not None else 16)
+        self.inputs_read = self.skipped = 0
         self.eof = False
-        self.halting = False
+        self.starting_stopped = False
         self.pool: ProcessPool | None = None
         self.problem: str | None = None                # why the run ended early, for stderr
         self.capture_directory = ""                    # where workers keep what inputs print
@@ -144,7 +144,7 @@ class Run:
         except BaseException as exc:  # an unreadable input ends the run, with the reason
             self.events.put(("read_error", exc))
 
-    def _count(self, count: Callable[[], int | None]) -> None:
+    def _count_total(self, count: Callable[[], int | None]) -> None:
         try:
             self.events.put(("total", count()))
         except Exception:
@@ -170,7 +170,7 @@ class Run:
 
     # -- the main thread -----------------------------------------------------------------
 
-    def run(self) -> Outcome:
+    def run(self) -> RunSummary:
         previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
         for signum, handler in previous.items():
             if handler is not signal.SIG_IGN:   # (nohup's SIGHUP stays ignored)
@@ -198,8 +198,8 @@ class Run:
             shutil.rmtree(self.capture_directory, ignore_errors=True)
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-        return Outcome(self.results.ok, self.results.failed, self._not_finished(), end,
-                       self.signals[0] if end is End.SIGNAL else 0)
+        return RunSummary(self.results.ok, self.results.failed, self._not_finished(), end,
+                          self.signals[0] if end is End.SIGNAL else 0)
 
     def _start_and_loop(self) -> End:
         options = self.options
@@ -235,7 +235,7 @@ class Run:
         comes now lets the teardown finish (bounded by the pool's grace periods) and
         gives up on the writing."""
         self.winding_up = True
-        self.halting = True   # what finishes from now on starts nothing: no retries
+        self.starting_stopped = True   # what finishes from now on starts nothing: no retries
         self.window.stopped = True
         if self.pool is not None:
             if end is End.DONE:
@@ -275,12 +275,12 @@ class Run:
                 results.note(f"pool map: stopped by {signal.Signals(signum).name} ({counts})")
 
     def _not_finished(self) -> int:
-        return self.read - self.skipped - self.results.ok - self.results.failed
+        return self.inputs_read - self.skipped - self.results.ok - self.results.failed
 
     def _loop(self) -> End:
         chores_due = time.monotonic()
         while True:
-            if self.halting and not self.jobs:
+            if self.starting_stopped and not self.jobs:
                 return End.READ_ERROR if self.problem is not None else End.HALT
             if self.eof and not self.jobs and not self.batch and not self.ready:
                 return End.DONE
@@ -324,15 +324,16 @@ class Run:
         if results.lines.unwritten and self.stdout_is_tty:
             results.clear_progress()   # both on one terminal: the bar must not split a line
         results.lines.flush()
-        total = self.total if self.total is not None else (self.read if self.eof else None)
+        total = (self.total if self.total is not None
+                 else self.inputs_read if self.eof else None)
         # Running: the inputs handed to the pool that its workers can hold (the rest wait
         # in its queue, handed ahead so that no worker waits for the main thread).
         running = min(self.in_pool, self.options.workers * self.options.chunksize)
         results.tick(running, None if total is None else total - self.skipped)
 
     def _take(self, item: Input) -> None:
-        self.read += 1
-        if self.halting:
+        self.inputs_read += 1
+        if self.starting_stopped:
             self.window.give_back()
             return
         resume = self.options.resume
@@ -357,7 +358,7 @@ class Run:
         self._pump()
 
     def _pump(self) -> None:
-        while self.ready and len(self.jobs) < self.in_flight and not self.halting:
+        while self.ready and len(self.jobs) < self.max_jobs and not self.starting_stopped:
             self._hand(self.ready.popleft(), attempt=1)
 
     def _hand(self, items: list[Input], attempt: int) -> None:
@@ -409,7 +410,7 @@ class Run:
               runtime: float) -> None:
         options = self.options
         if (attempt <= options.retries and failure.kind in options.retry_on
-                and not self.halting):
+                and not self.starting_stopped):
             self.results.note(f"pool map: input {item.seq} ({short(item.text)}) failed "
                               f"(attempt {attempt} of {options.retries + 1}), retrying: "
                               f"{failure.summary}")
@@ -422,7 +423,7 @@ class Run:
         results = self.results
         results.failed_input(item, failure, attempts, start, runtime)
         halt = self.options.halt
-        if halt is not None and not self.halting and halt.reached(results.failed,
+        if halt is not None and not self.starting_stopped and halt.reached(results.failed,
                                                                   results.ok + results.failed):
             self._halt(halt)
 
@@ -440,7 +441,7 @@ class Run:
         self._stop_starting()
 
     def _stop_starting(self) -> None:
-        self.halting = True
+        self.starting_stopped = True
         self.window.stopped = True
         self.batch, self.ready = [], collections.deque()   # never started: not finished
         for future in list(self.jobs):

@@ -139,7 +139,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _count(text: str) -> int:
+def _non_negative_int(text: str) -> int:
     value = _whole_number(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
@@ -197,7 +197,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     demo = commands.add_parser("demo", help="run a batch where one task segfaults, one is "
                                "SIGKILLed and one times out; every other task succeeds")
     demo.add_argument("--start-method", choices=multiprocessing.get_all_start_methods())
-    run = commands.add_parser(
+    map_parser = commands.add_parser(
         "map", help="call a Python function on each input, in parallel",
         usage="%(prog)s [options] MODULE:FUNCTION [INPUT ...]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -225,13 +225,13 @@ examples:
   python -m pool map ./resize.py:resize -a images.txt --joblog run.log --resume-failed
   find . -name '*.json' -print0 | python -m pool map -0 ./check.py:check --tag --halt now,fail=1
 """)
-    run.add_argument("function", type=load_function, metavar="MODULE:FUNCTION",
-                     help="an importable module's function (os.path:getsize), or a "
-                          "script's (./script.py:func)")
-    run.add_argument("inputs", nargs="*", metavar="INPUT",
-                     help="inputs, each passed as a string (default: lines of standard "
-                          "input); put -- before them if one starts with -")
-    source = run.add_argument_group("input")
+    map_parser.add_argument("function", type=load_function, metavar="MODULE:FUNCTION",
+                            help="an importable module's function (os.path:getsize), or a "
+                                 "script's (./script.py:func)")
+    map_parser.add_argument("inputs", nargs="*", metavar="INPUT",
+                            help="inputs, each passed as a string (default: lines of "
+                                 "standard input); put -- before them if one starts with -")
+    source = map_parser.add_argument_group("input")
     source.add_argument("-a", "--arg-file", metavar="FILE",
                         help="read the inputs from FILE instead of standard input")
     source.add_argument("-0", "--null", action="store_true",
@@ -240,7 +240,7 @@ examples:
                         help="each line is JSON: a list is the positional arguments, an "
                              "object the keyword arguments, anything else the one argument; "
                              "blank lines are skipped")
-    out = run.add_argument_group("output")
+    out = map_parser.add_argument_group("output")
     out.add_argument("--unordered", action="store_true",
                      help="print each line as its input finishes (default: input order)")
     out.add_argument("--tag", action="store_true",
@@ -253,11 +253,11 @@ examples:
     out.add_argument("--progress", action="store_true",
                      help="show done, failed, rate and ETA on standard error (a bar on a "
                           "terminal, a line every 3 s otherwise), then a summary line")
-    fail = run.add_argument_group("failures")
+    fail = map_parser.add_argument_group("failures")
     fail.add_argument("--timeout", type=_seconds, metavar="S",
                       help="stop an input that runs longer than S seconds: it fails with "
                            "the stack it was stuck in (with --chunksize N: N*S per chunk)")
-    fail.add_argument("--retries", type=_count, default=0, metavar="N",
+    fail.add_argument("--retries", type=_non_negative_int, default=0, metavar="N",
                       help="run a failed input up to N more times (see --retry-on)")
     fail.add_argument("--retry-on", type=_retry_kinds, default=frozenset(RETRY_KINDS),
                       metavar="KINDS",
@@ -268,7 +268,7 @@ examples:
                       help="stop after N failed inputs (or P%% of those finished, once 10 "
                            "have): soon lets running inputs finish, now stops them at once; "
                            "nothing more is started")
-    record = run.add_argument_group("job log")
+    record = map_parser.add_argument_group("job log")
     record.add_argument("--joblog", metavar="FILE",
                         help="write a tab-separated line per finished input: Seq, Start, "
                              "Runtime, Outcome, Exitcode, Signal, Pid, Attempts, Error, Input")
@@ -279,7 +279,7 @@ examples:
     resume.add_argument("--resume-failed", action="store_true",
                         help="with --joblog: skip the inputs the log says succeeded; run the "
                              "failed ones again and the rest")
-    tuning = run.add_argument_group("pool")
+    tuning = map_parser.add_argument_group("pool")
     tuning.add_argument("-j", "--jobs", "--workers", dest="workers", type=_positive_int,
                         metavar="N", help="worker processes (default: the CPUs available)")
     tuning.add_argument("--chunksize", type=_positive_int, default=1, metavar="N",
@@ -294,7 +294,7 @@ examples:
     # PROGRAM belongs to the program.)
     commands.add_parser("run", add_help=False,
                         help="run a program with its process pools on pool (run --help)")
-    return parser, run
+    return parser, map_parser
 
 
 # ``--halt ...,fail=P%`` is judged once this many inputs have finished (fewer prove nothing).

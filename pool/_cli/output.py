@@ -98,7 +98,7 @@ class TextSink(Protocol):
     def flush(self) -> Any: ...
 
 
-class Progress:
+class ProgressLine:
     """The ``--progress`` line on standard error: a bar redrawn in place on a terminal, a
     plain line every ``interval`` seconds otherwise, and a summary at the end."""
 

@@ -2,7 +2,7 @@
 without keeping a stop signal waiting: the command's output, messages and job log.
 
 Runs in: the command's main thread.
-Guarantees: ``write_all`` waits for the descriptor in slices (``poll``), then writes at
+Guarantees: ``write_or_give_up`` waits for the descriptor in slices (``poll``), then writes at
 most what it takes without blocking, and between slices asks ``give_up``; once that says
 yes it waits no more at all (DESIGN, contract 9, for writes: a signal handler only
 records the signal, so a write blocked in the kernel would otherwise be retried
@@ -41,7 +41,7 @@ class WriteFailed(Exception):
         self.error = error
 
 
-def write_all(fd: int, data: bytes | bytearray, give_up: Callable[[], bool]) -> None:
+def write_or_give_up(fd: int, data: bytes | bytearray, give_up: Callable[[], bool]) -> None:
     """All of ``data`` to ``fd``, never blocked for longer than a slice at a time, and not
     at all once ``give_up`` says so. Raises WriteAbandoned or WriteFailed."""
     written = 0

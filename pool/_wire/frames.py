@@ -321,7 +321,7 @@ class FrameReader:
                     # where bytearray(length) would first write every byte itself.
                     body = mmap.mmap(-1, length)
                 except (MemoryError, OSError) as exc:
-                    if length > _PHYSICAL_MEMORY or kind not in _OUTCOMES:
+                    if length > _PHYSICAL_MEMORY or kind not in _OUTCOME_KINDS:
                         self.error = f"a frame of {length} bytes, more than memory can hold"
                         return
                     # A reply the machine could hold, but this process has no memory for
@@ -346,7 +346,7 @@ class FrameReader:
 
 
 _KINDS_FROM_WORKER = frozenset(k.value for k in Kind if k is not Kind.CALL)
-_OUTCOMES = frozenset({Kind.RESULT.value, Kind.RAISED.value})
+_OUTCOME_KINDS = frozenset({Kind.RESULT.value, Kind.RAISED.value})
 
 
 def _physical_memory() -> int:

@@ -74,7 +74,7 @@ class Exit(NamedTuple):
     ended_because: str = ""  # why the pool killed a worker whose exit it did not see
 
 
-class _FrameWriter:
+class _LargeFrameWriter:
     """Writes one large frame from a thread, through a descriptor of its own (so the
     dispatcher may close its own at any time), in stream mode (a large frame moves faster
     than as 4 KiB packets). The dispatcher collects it (``done``) before writing again, so
@@ -203,7 +203,7 @@ class WorkerHandle:
         self.room = _pipes.PipeRoom(task_fd)
         # (See _limits, rule 3: no larger than this pipe, if it is a small one.)
         self._background_above = _limits.background_above(_pipes.pipe_capacity(task_fd))
-        self.writer: _FrameWriter | None = None  # writing a large frame, in a thread
+        self.writer: _LargeFrameWriter | None = None  # writing a large frame, in a thread
         self._on_write_done = on_write_done
 
     @classmethod
@@ -290,8 +290,9 @@ class WorkerHandle:
         if size > self._background_above:
             # Sent only to a worker with nothing else in flight, so it is alone.
             assert len(frames) == 1, "a large frame with others behind it"
-            self.writer = _FrameWriter(self.task_fd, *frames[0], size,
-                                       self.reclaim_fd is not None, self._on_write_done)
+            self.writer = _LargeFrameWriter(self.task_fd, *frames[0], size,
+                                            self.reclaim_fd is not None,
+                                            self._on_write_done)
             return []
         if self.reclaim_fd is None:
             written = _frames.write_frames(self.task_fd, Kind.CALL, frames)
