@@ -1,9 +1,10 @@
 """The job log of ``python -m pool map --joblog FILE``, and reading it back for
 ``--resume`` / ``--resume-failed``.
 
-Runs in: the command's main thread. Format: tab-separated, a header line, then one line per
-finished input, written (and flushed) as the input finishes, so that the log of a run that
-was interrupted, killed or halted is complete up to that moment. Columns:
+Runs in: the command's main thread.
+Format: tab-separated: a line of column names, then one line per finished input. Each line
+is written to the file as its input finishes, so the log of a run that was interrupted,
+killed or halted is complete up to that moment. Columns:
 
 ``Seq``       the input's position (1-based)
 ``Start``     when it started, seconds since the epoch (for a worker death or a timeout,
@@ -59,8 +60,8 @@ def escape(text: str) -> str:
 
 
 class Joblog:
-    """The job log, open for appending. Every failure to write is a JoblogError; a write
-    blocked until ``give_up`` says so is a WriteAbandoned (``_cli_write``)."""
+    """The job log, open for appending. Every failure to write is a JoblogError. A write
+    blocked until ``give_up`` says so raises ``write.WriteAbandoned``."""
 
     def __init__(self, fd: int, path: str) -> None:
         self._fd = fd
@@ -68,9 +69,9 @@ class Joblog:
 
     @classmethod
     def open(cls, path: str, *, append: bool) -> Joblog:
-        """A new log at ``path``, or (``append``) the end of one being resumed. The last
-        line of a run killed while writing it is cut off first, so that the entries
-        appended start on a line of their own."""
+        """A new log at ``path``; with ``append``, the end of one being resumed. A torn
+        last line, left by a run killed while writing it, is cut off first: the new
+        entries start on a line of their own."""
         try:
             if append:
                 _cut_torn_line(path)
@@ -144,8 +145,8 @@ class Finished(NamedTuple):
     escaped_input: str
 
 
-# An entry's Seq beyond this many times its line number (plus read-ahead's worth) is not
-# from a run of this command: refused before it could make the tables below enormous.
+# An entry's Seq beyond this many times its line number, plus read-ahead's worth, is not
+# from a run of this command. It is refused before it could make the tables below huge.
 _SEQ_PER_LINE = 10
 _SEQ_SLACK = 10_000_000
 

@@ -46,10 +46,10 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         if message.endswith("expected one argument") and any(
                 re.fullmatch(r"-\d+(\.\d*)?", argument) for argument in sys.argv[1:]):
-            # (-0 is an option, so argparse takes "-3" for one too, not for a value)
+            # -0 is an option, so argparse takes "-3" for an option too, not a value.
             message += " (negative numbers are not valid values)"
-        # (Parsing inputs and options in any order makes argparse name INPUT as required
-        # too when the function is missing; it is not.)
+        # Parsing inputs and options in any order makes argparse call INPUT required too
+        # when the function is missing. It is not.
         message = message.replace("MODULE:FUNCTION, INPUT", "MODULE:FUNCTION")
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
@@ -105,9 +105,9 @@ def flush_quietly(stream: Any) -> None:
 
 
 def _import_script(path: str) -> Any:
-    """Imports a script as the module its file name makes, from its directory, which is put
-    first on ``sys.path``: workers started by spawn or forkserver get that path too, so the
-    function travels by reference (its globals and its file names in tracebacks intact)."""
+    """Imports a script as the module its file name makes, from its directory, which goes
+    first on ``sys.path``. Workers started by spawn or forkserver get that path too, so the
+    function travels by reference: its globals and the file names in tracebacks stay."""
     if not os.path.isfile(path):
         raise argparse.ArgumentTypeError(f"cannot load {path!r}: no such file")
     directory, filename = os.path.split(os.path.abspath(path))
@@ -290,8 +290,8 @@ examples:
                         help="inputs read ahead of the output (default: 1000, or 4 per "
                              "worker per chunk if more)")
     tuning.add_argument("--start-method", choices=multiprocessing.get_all_start_methods())
-    # (Only for --help: ``run`` is parsed by _cli_program, since everything after its
-    # PROGRAM belongs to the program.)
+    # Only for --help: ``program`` parses ``run`` itself, since everything after its
+    # PROGRAM belongs to the program.
     commands.add_parser("run", add_help=False,
                         help="run a program with its process pools on pool (run --help)")
     return parser, map_parser
@@ -316,7 +316,7 @@ class Halt(NamedTuple):
 
 @dataclasses.dataclass
 class Options:
-    """What the command line asked for, checked and resolved (``_cli``)."""
+    """What the command line asked for, checked and resolved by ``main``."""
     function: Callable[..., Any]
     workers: int
     chunksize: int

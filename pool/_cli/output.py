@@ -2,10 +2,10 @@
 error what the function printed, the failures, and the progress line.
 
 Runs in: the command's main thread (the only writer of both streams).
-Guarantees: every line on standard output is exactly one input's (the line breaks inside a
-result are written as ``\\n`` / ``\\r``); in the plain form a failed input's line starts
-with ``!`` and a result's never does (a result that starts with ``!`` gets a backslash
-before it), so ``grep -v '^!'`` keeps exactly the results. ``--json`` is lossless.
+Guarantees: each line on standard output is exactly one input's: line breaks inside a
+result are written as ``\\n`` and ``\\r``. In the plain form a failed input's line starts
+with ``!`` and a result's never does: a result that starts with ``!`` gets a backslash
+before it. So ``grep -v '^!'`` keeps exactly the results. ``--json`` is lossless.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from .._errors import TaskTimeout, WorkerDied, describe_exit
 
 class Failure(NamedTuple):
     """Why an input failed, in the terms the output and the job log use."""
-    kind: str           # "error", "died", "timeout" or "invalid" (the job log's Outcome)
+    kind: str           # "error", "died", "timeout" or "invalid": the job log's Outcome
     error_type: str     # "ValueError", "WorkerDied", ...
     summary: str        # one line: "ValueError: invalid literal ..."
     detail: str         # what stderr shows below the summary (traceback, crash report)
@@ -31,9 +31,9 @@ class Failure(NamedTuple):
 
 
 def failure_of(error: BaseException) -> Failure:
-    """A pool-level failure (the whole job failed) in the output's terms."""
+    """A failure of the whole job, raised by the pool, in the output's terms."""
     if isinstance(error, WorkerDied):
-        # A signal's death has no exit code (the Signal column says which signal).
+        # A death by a signal has no exit code: the Signal column names the signal.
         code = error.exitcode if error.exitcode is not None and error.exitcode >= 0 else None
         return Failure("died", "WorkerDied",
                               f"WorkerDied: worker pid {error.pid} died "
@@ -127,7 +127,7 @@ class ProgressLine:
         self._stream.flush()
 
     def clear(self) -> None:
-        """Before other text goes to the terminal: erase the bar (the next tick redraws)."""
+        """Erases the bar before other text goes to the terminal; the next tick redraws."""
         if self._drawn:
             self._stream.write("\r\x1b[K")
             self._drawn = False
