@@ -11,6 +11,7 @@ before it. So ``grep -v '^!'`` keeps exactly the results. ``--json`` is lossless
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any, Callable, NamedTuple, Protocol
 
@@ -55,7 +56,11 @@ def without_our_frames(stack: str) -> str:
     """A worker's stack without the frames of the code that calls the user's function,
     which say nothing about the input."""
     return "".join(line for line in stack.splitlines(keepends=True)
-                   if "_cli_task.py" not in line)
+                   if _TASK_FILE not in line)
+
+
+# The file of ``task``, which calls the user's function in the worker.
+_TASK_FILE = os.path.join(os.sep + "_cli", "task.py")
 
 
 def one_line(text: str) -> str:
