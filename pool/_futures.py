@@ -165,7 +165,7 @@ class PoolFuture(Future[T]):
         state, exception = self._state, self._exception
         description = _base._STATE_TO_DESCRIPTION_MAP[state]
         if state == _base.FINISHED:
-            if _failed(exception):
+            if _holds_exception(exception):
                 return (f"<{type(self).__name__} at {id(self):#x} state={description} "
                         f"raised {type(exception).__name__}>")
             return (f"<{type(self).__name__} at {id(self):#x} state={description} "
@@ -216,8 +216,8 @@ class PoolFuture(Future[T]):
     def result(self, timeout: float | None = None) -> T:
         try:
             self._wait_finished(timeout)
-            if _failed(self._exception):
-                raise self._exception  # type: ignore[misc]  # _failed says it is one
+            if _holds_exception(self._exception):
+                raise self._exception  # type: ignore[misc]  # not None: checked above
             return self._result  # type: ignore[no-any-return]
         finally:
             # The exception raised here keeps this frame in its traceback, and the future
@@ -389,7 +389,7 @@ class PoolFuture(Future[T]):
             raise
 
 
-def _failed(exception: BaseException | None) -> bool:
+def _holds_exception(exception: BaseException | None) -> bool:
     """Whether a finished future holds an exception: ``is not None``, as 3.14's ``Future``
     asks. Earlier versions asked its truth, and swallowed an exception that is false
     (gh-132063)."""

@@ -1,6 +1,7 @@
-"""``pool.patch()``: ``concurrent.futures.ProcessPoolExecutor`` becomes pool's class, for
-code that looks the name up afterwards (libraries that build their own pools: black,
-compileall, tqdm, dask), and the start-up hook ``python -m pool run`` relies on.
+"""``pool.patch()``: ``concurrent.futures.ProcessPoolExecutor`` becomes pool's class for
+code that looks the name up afterwards, such as libraries that build their own pools
+(black, compileall, tqdm, dask). Also what ``python -m pool run`` shares with its start-up
+hook: the variable that names the interpreter to patch.
 
 Owns: the two names ``concurrent.futures.ProcessPoolExecutor`` and
 ``concurrent.futures.process.ProcessPoolExecutor`` while patched, and what they held before.

@@ -35,7 +35,7 @@ T = TypeVar("T")
 logger = logging.getLogger("pool")
 
 # How long the end of a loop waits for a progress object to take the last counts. Past
-# this the object is stuck (the loop's results are all delivered anyway): say so, go on.
+# this the object is stuck: say so and go on. The loop's results are all delivered anyway.
 FINISH_SECONDS = 5.0
 
 

@@ -7,8 +7,8 @@ is written to the file as its input finishes, so the log of a run that was inter
 killed or halted is complete up to that moment. Columns:
 
 ``Seq``       the input's position (1-based)
-``Start``     when it started, seconds since the epoch (for a worker death or a timeout,
-              when it was handed to the pool: the worker could not say)
+``Start``     when it started, in seconds since the epoch. For a worker death or a
+              timeout, when it was handed to the pool: the worker could not say.
 ``Runtime``   seconds
 ``Outcome``   ``ok``, ``error`` (an exception), ``died`` (the worker died), ``timeout``,
               or ``invalid`` (an input that could not be parsed, never run)

@@ -75,8 +75,8 @@ def _run_one(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         runtime = time.perf_counter() - clock
         output = _end_capture()
         below = exc.__traceback__.tb_next if exc.__traceback__ else None
-        # The first frame is _run_one's: the user's traceback starts below it, and only a
-        # traceback with frames of the user's (or a chain) says more than the summary.
+        # The first frame is _run_one's: the user's traceback starts below it. Only a
+        # traceback with frames of the user's, or a chain, says more than the summary.
         detail = ("".join(traceback.format_exception(type(exc), exc, below))
                   if below is not None or exc.__cause__ or exc.__context__ else "")
         return Report(False, summary(exc), type(exc).__name__, detail, output,

@@ -265,8 +265,8 @@ def _run_initializer(initializer: Initializer, reply_fd: int) -> bool:
         initializer.call()
     except BaseException as exc:
         _drop_own_frame(exc)
-        # Where the stdlib's worker logs it, so that handlers an initializer (or the user)
-        # put on that logger see it; the parent also gets it, with its frames.
+        # Logged where the stdlib's worker logs it, so that handlers an initializer or the
+        # user put on that logger see it. The parent also gets it, with its frames.
         import logging
         logging.getLogger("concurrent.futures").critical("Exception in initializer:",
                                                          exc_info=exc)
@@ -352,7 +352,7 @@ def _run_call(functions: _FunctionCache, body: Any) -> tuple[Kind, bytes | _fram
             if isinstance(body, _frames.BodyReader):
                 body.skip_rest()  # whatever happened, the next frame starts after this one
     except BaseException as exc:
-        # A BrokenProcessPool, as the stdlib raises here (where the worker dies); the
+        # A BrokenProcessPool, as the stdlib raises here, where its worker dies. The
         # worker's own error, with its frames, is the cause.
         from .._errors import ArgumentUnpicklingError
         error = ArgumentUnpicklingError(

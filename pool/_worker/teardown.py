@@ -93,8 +93,8 @@ def read_crash_report(fd: int | None) -> str | None:
 def _crashing_thread_first(text: str) -> str:
     """Put the thread that crashed right after the error line; drop the pool's watchdog.
 
-    faulthandler writes one block per thread, separated by blank lines, in thread order;
-    the reader wants the crash site first, and the watchdog's stack is never of interest.
+    faulthandler writes one block per thread, separated by blank lines, in thread order.
+    The reader wants the crash site first, and the watchdog's stack is never of interest.
     """
     blocks = text.split("\n\n")
     threads = [b for b in blocks if b.startswith(("Thread 0x", "Current thread 0x"))]
