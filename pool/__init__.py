@@ -4,8 +4,8 @@ explained failure of one task, not a broken pool.
 Swap ``from concurrent.futures import ProcessPoolExecutor`` for
 ``from pool import ProcessPoolExecutor`` (or ``ProcessPool``); see README.rst.
 
-The packages, by role (each module opens with what it owns, runs in, guarantees and
-assumes; docs/architecture.md walks through them):
+The packages, by role. Each module opens with what it owns, runs in, guarantees and
+assumes; docs/architecture.md walks through them.
 
 - the API, here: ``_executor`` (``ProcessPool``), ``_mapping`` (``map``), ``_aio``
   (asyncio), ``_progress``, ``_stats``, ``_shared`` (``pool.shared()``), ``_patch``
@@ -36,10 +36,10 @@ if TYPE_CHECKING:  # what type checkers see; at run time these load on first use
     from ._shared import Lease, shared
     from ._stats import PoolStats, WorkerStats
 
-# Loaded on first use, not by ``import pool``: every worker process imports this package
-# (its main is ``pool._worker``), and needs none of the executor, the dispatcher, asyncio
-# or the errors (whose base class, BrokenProcessPool, brings concurrent.futures.process).
-# Each worker start under spawn and forkserver paid for importing them.
+# Loaded on first use, not by ``import pool``. Every worker process imports this package,
+# since its main is in ``pool._worker``. It needs none of the executor, the dispatcher,
+# asyncio or the errors, whose base class BrokenProcessPool brings
+# concurrent.futures.process. Under spawn and forkserver each worker start paid for them.
 _LAZY = {
     **dict.fromkeys(("ArgumentPicklingError", "ArgumentUnpicklingError", "InitializerError",
                      "PoolInternalError", "RemoteTaskError", "ResultTransferError",
@@ -61,7 +61,7 @@ def __getattr__(name: str) -> Any:
     module_name = _LAZY.get(name)
     if module_name is not None:
         value = getattr(importlib.import_module(f".{module_name}", __name__), name)
-        globals()[name] = value  # (later lookups do not come here again)
+        globals()[name] = value  # later lookups find it here, not in __getattr__
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

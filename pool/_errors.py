@@ -37,8 +37,8 @@ _short.maxstring = 60
 _short.maxother = 60
 _short.maxlist = _short.maxtuple = _short.maxdict = _short.maxset = 4
 _short.maxlevel = 3
-# Nested containers multiply even shortened reprs (dask hands its workers lists of
-# tuples of keys and bytes): no argument takes more than this in a message.
+# Nested containers multiply even shortened reprs: dask hands its workers lists of tuples
+# of keys and bytes. No argument takes more than this in a message.
 MAX_ARGUMENT_CHARS = 100
 
 
@@ -135,13 +135,13 @@ class WorkerDied(BrokenProcessPool):
 
     Raised by ``future.result()`` of exactly the task that was running when its worker
     ended: killed by a signal (SIGKILL, SIGSEGV, SIGABRT...) or exited (``os._exit``).
-    The dispatcher creates it when it sees the worker's sentinel; other tasks and the pool
-    are unaffected, and the task is not re-run (it may have had side effects).
+    The dispatcher creates it when it sees the worker's sentinel. Other tasks and the pool
+    are unaffected. The task is not re-run: it may have had side effects.
 
-    Attributes: ``pid``, ``exitcode`` (negative for a signal, as ``Process.exitcode``),
-    ``signal_name`` (``"SIGKILL"`` or ``None``), ``task`` (a :class:`TaskInfo`) and
-    ``crash_report`` (what the worker's faulthandler wrote while dying, or ``None``) and
-    ``ended_because`` (why the pool itself ended a worker it could no longer watch, or "").
+    Attributes: ``pid``; ``exitcode``, negative for a signal, as ``Process.exitcode``;
+    ``signal_name``, ``"SIGKILL"`` or ``None``; ``task``, a :class:`TaskInfo`;
+    ``crash_report``, what the worker's faulthandler wrote while dying, or ``None``;
+    ``ended_because``, why the pool itself ended a worker it could no longer watch, or "".
     """
 
     def __init__(self, pid: int, exitcode: int | None, task: TaskInfo,
@@ -180,11 +180,12 @@ class WorkerDied(BrokenProcessPool):
 class TaskTimeout(TimeoutError):
     """The task ran longer than its timeout, so the pool stopped it.
 
-    Raised by ``future.result()`` of a task submitted with a timeout (``task_timeout=`` of the
-    pool, or ``timeout=`` of :meth:`ProcessPool.schedule`) that was still running when the
-    time was up, counted from the moment it started running. The parent enforces it: the
-    worker is asked to write its Python stack, then it and its process group are killed and
-    replaced. ``TimeoutError`` (also what ``future.result(timeout)`` raises) catches it.
+    Raised by ``future.result()`` of a task that was still running when its time was up,
+    counted from the moment it started running. The timeout is the pool's
+    ``task_timeout=``, or ``timeout=`` of :meth:`ProcessPool.schedule`. The parent enforces
+    it: the worker is asked to write its Python stack, then it and its process group are
+    killed and replaced. ``TimeoutError`` catches it; ``future.result(timeout)`` raises
+    that too.
 
     Attributes: ``timeout`` (seconds), ``task`` (a :class:`TaskInfo`), ``pid`` and
     ``stack``: where the task was when its time ran out (every thread of the worker, the
@@ -211,8 +212,8 @@ class WorkerTerminated(BrokenProcessPool):
     """The task was running when the pool was told to end its workers.
 
     Raised by ``future.result()`` of each task that ``terminate_workers()`` or
-    ``kill_workers()`` ended (they are also what a ``KeyboardInterrupt`` leaving a ``with``
-    block, or ending the interpreter, triggers). Tasks that had not started are cancelled
+    ``kill_workers()`` ended. A ``KeyboardInterrupt`` that leaves a ``with`` block, and the
+    end of the interpreter, call them too. Tasks that had not started are cancelled
     instead. Attributes: ``pid``, ``exitcode`` and ``task``.
     """
 
@@ -252,9 +253,9 @@ class WorkerStartRefused(BrokenProcessPool):
     """The system kept refusing to start workers, and no worker was left to run the task.
 
     Raised by ``future.result()`` of the tasks that were waiting when starts had been
-    refused several times in a row (over about 1.3 s) with no worker running: the process ran out
-    of descriptors (``RLIMIT_NOFILE``), the user of processes (``RLIMIT_NPROC``), or the
-    machine of memory. The message says which, with the limit; ``__cause__`` is the
+    refused several times in a row, over about 1.3 s, with no worker running. The process
+    ran out of descriptors (``RLIMIT_NOFILE``), the user of processes (``RLIMIT_NPROC``), or
+    the machine of memory. The message says which, with the limit; ``__cause__`` is the
     ``OSError``. The pool stays open and keeps trying, less often: tasks submitted later
     run once a worker starts, or fail the same way at the next refused try.
     """
@@ -270,8 +271,8 @@ class PoolInternalError(BrokenProcessPool):
 
 
 class WorkerProtocolError(BrokenProcessPool):
-    """A worker sent bytes that are not a valid reply (something in the task wrote into the
-    pool's pipe, or memory was corrupted). Raised by ``future.result()`` of the task that
+    """A worker sent bytes that are not a valid reply: something in the task wrote into the
+    pool's pipe, or memory was corrupted. Raised by ``future.result()`` of the task that
     was running on that worker; the worker is killed and replaced.
     """
 
@@ -279,13 +280,13 @@ class WorkerProtocolError(BrokenProcessPool):
 class RemoteTaskError(BrokenProcessPool):
     """The task raised an exception that could not be brought back as itself.
 
-    Raised by ``future.result()`` when the parent could not unpickle the task's exception
-    (for example a class whose ``__init__`` needs arguments that ``args`` does not hold, or a
-    class the parent cannot import): a ``BrokenProcessPool``, as the stdlib raises there
-    (where it also breaks the pool; here only this future fails). When it is the *worker*
-    that cannot pickle the exception, ``result()`` raises the pickling error itself, as the
+    Raised by ``future.result()`` when the parent could not unpickle the task's exception:
+    for example a class whose ``__init__`` needs arguments that ``args`` does not hold, or a
+    class the parent cannot import. A ``BrokenProcessPool``, as the stdlib raises there; the
+    stdlib also breaks the pool, while here only this future fails. When the *worker*
+    cannot pickle the exception, ``result()`` raises the pickling error itself, as the
     stdlib does, and this class is its ``__cause__``. Carries the original ``type_name``,
-    ``message`` and the worker's ``remote_traceback`` as text, and ``reason``, why the
+    ``message`` and the worker's ``remote_traceback`` as text, and ``reason``: why the
     exception itself could not be transferred.
     """
 
@@ -306,11 +307,11 @@ class RemoteTaskError(BrokenProcessPool):
 class ResultTransferError(BrokenProcessPool):
     """The task returned, but the parent could not unpickle its return value.
 
-    Raised by ``future.result()`` of that task only (the stdlib raises
-    ``BrokenProcessPool`` here and breaks the pool; this is one). ``__cause__`` is the
-    unpickler's error; ``stage`` is ``"unpickling in the parent"``, or ``"receiving in the
-    parent"`` when the parent had no memory for the reply (``__cause__``: a
-    ``MemoryError``); ``reason`` says what failed. A value the *worker* cannot pickle
+    Raised by ``future.result()`` of that task only. The stdlib raises ``BrokenProcessPool``
+    here and breaks the pool; this is a ``BrokenProcessPool`` too. ``__cause__`` is the
+    unpickler's error. ``stage`` is ``"unpickling in the parent"``, or ``"receiving in the
+    parent"`` when the parent had no memory for the reply; ``__cause__`` is then a
+    ``MemoryError``. ``reason`` says what failed. A value the *worker* cannot pickle
     raises the pickling error itself, as in the stdlib, with a note naming the value's
     type. The worker and the pool carry on.
     """
@@ -329,14 +330,14 @@ class ResultTransferError(BrokenProcessPool):
 class ArgumentPicklingError(pickle.PicklingError):
     """The task's function or arguments cannot be pickled.
 
-    Raised by ``future.result()`` of that task: ``submit()`` and ``map()`` return a future
-    that has already failed with it, as the stdlib's future fails (so a loop of submits is
-    not cut short); nothing is sent to a worker. Names the argument (or the function) that
+    Raised by ``future.result()`` of that task. ``submit()`` and ``map()`` return a future
+    that has already failed with it, as the stdlib's future fails, so a loop of submits is
+    not cut short. Nothing is sent to a worker. Names the argument, or the function, that
     failed, and chains the pickler's own error as ``__cause__``. A ``pickle.PicklingError``,
-    and also an instance of the pickler's own error's type where it can be (a
-    ``TypeError`` for a lock, as the stdlib raises), so ``except PicklingError`` and
-    ``except TypeError`` written for the stdlib both catch it. The constructor raises it
-    for an initializer that cannot be sent to workers.
+    and also an instance of the pickler's own error's type where it can be: a ``TypeError``
+    for a lock, as the stdlib raises. So ``except PicklingError`` and ``except TypeError``
+    written for the stdlib both catch it. The constructor raises it for an initializer that
+    cannot be sent to workers.
     """
 
 
@@ -344,10 +345,10 @@ _ARGUMENT_ERROR_TYPES: dict[type[BaseException], type[ArgumentPicklingError]] = 
 
 
 def argument_pickling_error(message: str, cause: BaseException) -> ArgumentPicklingError:
-    """An ``ArgumentPicklingError`` that is also an instance of the pickler's own error
-    (``TypeError: cannot pickle '_thread.lock' object`` is what the stdlib's future raises),
-    so that both ``except TypeError`` and ``except PicklingError`` still match. Where the two
-    cannot be combined (an exception type with its own layout), a plain one."""
+    """An ``ArgumentPicklingError`` that is also an instance of the pickler's own error, so
+    that both ``except TypeError`` and ``except PicklingError`` still match. The stdlib's
+    future raises ``TypeError: cannot pickle '_thread.lock' object``. Where the two cannot
+    be combined, for an exception type with its own layout, a plain one."""
     base = type(cause)
     if issubclass(base, ArgumentPicklingError) or not issubclass(base, Exception):
         return ArgumentPicklingError(message)
@@ -375,10 +376,10 @@ def argument_pickling_error(message: str, cause: BaseException) -> ArgumentPickl
 class ArgumentUnpicklingError(BrokenProcessPool):
     """The worker could not unpickle the task's function or arguments.
 
-    Raised by ``future.result()`` of that task (for example: the function's module cannot
-    be imported in the worker, or an argument's reducer raises there). ``__cause__`` is
-    the worker's own error, with its remote frames. A ``BrokenProcessPool``, as the stdlib
-    raises here (where the worker dies and the pool breaks); here the worker carries on.
+    Raised by ``future.result()`` of that task: for example, the function's module cannot
+    be imported in the worker, or an argument's reducer raises there. ``__cause__`` is the
+    worker's own error, with its remote frames. A ``BrokenProcessPool``, as the stdlib
+    raises here. There the worker dies and the pool breaks; here the worker carries on.
     """
 
 
@@ -389,8 +390,8 @@ class SharedPoolConflict(RuntimeError):
     Raised by ``pool.shared(**options)`` only: the shared pool is never restarted under the
     code that holds leases on it. ``differing`` maps each option asked for that differs to
     ``(the shared pool's value, the value asked for)``, as text; ``leases`` is how many
-    leases were out. Release them first (with no lease out, a call with other options
-    replaces the pool), ask for no options (any shared pool will do), or use a
+    leases were out. Release them first: with no lease out, a call with other options
+    replaces the pool. Or ask for no options, and any shared pool will do. Or use a
     ``ProcessPool`` of your own.
     """
 
@@ -408,11 +409,10 @@ class SharedPoolConflict(RuntimeError):
                 f"use a ProcessPool of your own")
 
 
-# The public exceptions print in tracebacks, and pickle, as ``pool.WorkerDied``, not as this
-# private module (``pool._errors.WorkerDied``); pickles by reference resolve through the
-# package, which exports every one of them (loading this module on first use). (Only
-# exceptions: classes with annotations of their own must keep their module, or
-# typing.get_type_hints breaks.)
+# The public exceptions print in tracebacks, and pickle, as ``pool.WorkerDied``, not as
+# ``pool._errors.WorkerDied``. Pickles by reference resolve through the package, which
+# exports every one of them and loads this module on first use. Only exceptions: classes
+# with annotations of their own must keep their module, or typing.get_type_hints breaks.
 for _name in __all__:
     _obj = globals()[_name]
     if isinstance(_obj, type) and issubclass(_obj, BaseException):

@@ -1,8 +1,8 @@
 """The public executor: ``ProcessPool``, a drop-in for ``ProcessPoolExecutor``.
 
-Owns: argument checking, pickling of calls (in the caller's thread, so a call that cannot
-be pickled fails its future at once, sending nothing), ``map``'s ordering and chunking, and
-the pool's lifetime.
+Owns: argument checking; pickling of calls, in the caller's thread, so that a call that
+cannot be pickled fails its future at once and sends nothing; and the pool's lifetime.
+``map``'s chunking and ordering are ``_mapping``'s.
 Runs in: the callers' threads; all process work is done by the ``Dispatcher`` it owns.
 Guarantees: the stdlib's semantics for ``submit``, ``map``, ``shutdown`` and the context
 manager, except where README.rst lists a deliberate difference.
@@ -29,16 +29,16 @@ from ._worker.main_guard import (check_main_is_guarded, check_not_daemonic,
                                  remember_main_script)
 from ._futures import PoolFuture, failed
 
-# A worker's own modules, and those it imports when a task first needs them (a function
-# sent by value, an exception, an error of the pool's): a forkserver imports them once,
-# before it forks any worker, instead of every worker after its fork.
+# A worker's own modules, and those it imports when a task first needs them: for a
+# function sent by value, an exception, an error of the pool's. A forkserver imports them
+# once, before it forks any worker, instead of every worker after its fork.
 _WORKER_MODULES = ("pool._worker.main", "pool._errors", "cloudpickle", "tblib.pickling_support")
 
 # What only a pool's owner uses (the dispatcher and its state machine, map, asyncio, stats)
-# is imported where a pool is built or used, not here: every worker under spawn and
-# forkserver imports the user's main script again (as __mp_main__; CPython's forkserver
-# does not keep it preloaded), and so this module, for its ``from pool import
-# ProcessPool``; a worker that also imported those paid ~25 ms more at every start.
+# is imported where a pool is built or used, not here. Under spawn and forkserver every
+# worker imports the user's main script again, as __mp_main__, and so this module, for its
+# ``from pool import ProcessPool``; CPython's forkserver does not keep the script
+# preloaded. A worker that also imported those paid ~25 ms more at every start.
 if TYPE_CHECKING:
     from . import _mapping
     from ._progress import ProgressTarget
@@ -221,8 +221,8 @@ class ProcessPool(Executor):
              progress: ProgressTarget | None,
              through: Callable[[Callable[[], PoolFuture[Any]]], PoolFuture[Any]] | None = None
              ) -> Iterator[T]:
-        """``map``; ``through``, if given, makes each of its submissions (a lease counts
-        its own futures: ``_shared.Lease``)."""
+        """``map``. ``through``, if given, makes each of its submissions: a
+        ``_shared.Lease`` counts its own futures."""
         from . import _mapping
         from ._progress import Progress
         reporter = None if progress is None else Progress(progress)
@@ -266,8 +266,9 @@ class ProcessPool(Executor):
                    chunksize: int, buffersize: int | None
                    ) -> tuple[Iterator[tuple[Any, ...]], _mapping.SubmitGroup]:
         """What ``map`` and ``amap`` submit, once their options are checked and the pool is
-        known to be open: the input as argument tuples, read lazily, and the function that
-        submits a group of them with the pool's ``task_timeout`` (``_mapping.calls``)."""
+        known to be open. That is the input as argument tuples, read lazily, and the
+        function that submits a group of them with the pool's ``task_timeout``
+        (``_mapping.calls``)."""
         from . import _mapping
         _mapping.check_options(chunksize, buffersize)
         self._dispatcher.check_open()
@@ -294,8 +295,9 @@ class ProcessPool(Executor):
             for name in _WORKER_MODULES:
                 importlib.import_module(name)
         # What the program printed before its first task comes out before what workers
-        # print (the stdlib flushes before each start; the pool's thread does not: a full
-        # stdout pipe would hold up the whole pool). Here, in the caller's thread, once.
+        # print. The stdlib flushes before each start; the pool's thread does not, since a
+        # full stdout pipe would hold up the whole pool. So the caller's thread flushes
+        # here, once.
         for stream in (sys.stdout, sys.stderr):
             try:
                 if stream is not None:
@@ -311,8 +313,8 @@ class ProcessPool(Executor):
         See :class:`pool.PoolStats`.
 
         Exact: taken on the pool's thread once it has acted on everything this thread did
-        before (a task just submitted is counted; one just cancelled is not queued), and
-        cheap: no worker is asked anything (memory is read from ``/proc``).
+        before. A task just submitted is counted; one just cancelled is not queued. Cheap:
+        no worker is asked anything, and memory is read from ``/proc``.
         """
         from ._stats import with_memory
         self._dispatcher.snapshot()
@@ -320,16 +322,16 @@ class ProcessPool(Executor):
 
     @property
     def _processes(self) -> dict[int, Any]:
-        """The live workers, ``{pid: multiprocessing Process}``, as in the stdlib (where code
-        reads it to find or signal workers): a snapshot taken once the pool's thread has
-        acted on every task submitted before, so the workers started for them are listed
-        (workers start on demand, on that thread)."""
+        """The live workers, ``{pid: multiprocessing Process}``, as in the stdlib, where
+        code reads it to find or signal workers. The snapshot is taken once the pool's
+        thread has acted on every task submitted before. Workers start on demand, on that
+        thread, so the workers started for those tasks are listed."""
         return self._dispatcher.live_processes()
 
     @property
     def _broken(self) -> str | bool:
-        """False, or why the pool is broken (its dispatcher failed, or workers kept failing
-        to start), as the stdlib's attribute of that name: code polls it."""
+        """False, or why the pool is broken: its dispatcher failed, or workers kept failing
+        to start. As the stdlib's attribute of that name, which code polls."""
         error = self._dispatcher.broken_error
         return False if error is None else str(error)
 
@@ -372,8 +374,8 @@ class ProcessPool(Executor):
         """Shut down now: cancel the tasks that have not started and end every worker with
         SIGTERM (and its process group), then SIGKILL those still there after
         ``terminate_grace``. Tasks that were running fail with
-        :class:`pool.WorkerTerminated`. With ``wait`` (unlike the 3.14 stdlib, which does
-        not wait), returns once every worker is reaped or reported by pid."""
+        :class:`pool.WorkerTerminated`. With ``wait``, returns once every worker is reaped
+        or reported by pid; the 3.14 stdlib does not wait."""
         self._dispatcher.terminate(signal.SIGTERM, wait)
 
     def kill_workers(self, *, wait: bool = True) -> None:
@@ -393,14 +395,14 @@ class ProcessPool(Executor):
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         """``async with``: as ``with``, but waits for the tasks without blocking the event
-        loop; if that wait is cancelled (or interrupted), the workers are terminated."""
+        loop. If that wait is cancelled or interrupted, the workers are terminated."""
         import asyncio
         if _means_stop(exc_type):
             self.terminate_workers()
             return
         self._dispatcher.shutdown(wait=False, cancel_futures=False)
         try:
-            await asyncio.wrap_future(self._dispatcher.finished)  # (done-callbacks not awaited)
+            await asyncio.wrap_future(self._dispatcher.finished)  # done-callbacks not awaited
         except BaseException:
             self.terminate_workers()
             raise
@@ -411,8 +413,8 @@ ProcessPoolExecutor = ProcessPool
 
 def _means_stop(exc_type: type[BaseException] | None) -> bool:
     """Leaving a ``with`` block by Ctrl-C or by asyncio cancellation asks to stop, not to
-    wait for the running tasks. (``asyncio`` is looked up, not imported: if it was never
-    imported, the exception cannot be its ``CancelledError``.)"""
+    wait for the running tasks. ``asyncio`` is looked up, not imported: if it was never
+    imported, the exception cannot be its ``CancelledError``."""
     if exc_type is None:
         return False
     if issubclass(exc_type, KeyboardInterrupt):

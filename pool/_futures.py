@@ -1,26 +1,27 @@
 """The futures the pool returns, and the threads that run their done-callbacks.
 
 Owns: ``PoolFuture`` and one ``CallbackRunner`` per pool.
-Runs in: futures are touched by every thread; callbacks that a result, exception or
-cancellation set *on the dispatcher thread* would trigger run on the runner's threads.
+Runs in: every thread touches futures. The callbacks that a result, exception or
+cancellation set on the dispatcher thread would trigger run on the runner's threads.
 Guarantees:
 - no done-callback ever runs on the dispatcher thread, so a callback that blocks or raises
-  cannot delay results or teardown; a callback that blocks does not hold up the callbacks
-  of other futures either (the runner starts another thread while all of its threads are
-  busy, up to a limit); one that raises anything, even ``SystemExit`` or
-  ``KeyboardInterrupt``, is logged and the next one runs;
+  cannot delay results or teardown. A callback that blocks does not hold up the callbacks
+  of other futures either: while all of the runner's threads are busy, it starts another,
+  up to a limit. One that raises anything, even ``SystemExit`` or ``KeyboardInterrupt``, is
+  logged and the next one runs;
 - ``stop()`` is decided at once, under the future's own lock: if it returns True the future
   ends cancelled, even if a result arrives before the worker is killed;
-- a caller waiting in ``result()`` / ``exception()`` (or ``Dispatcher.join``) holds no lock
-  the dispatcher needs (it waits on a ``Latch``), so a Ctrl-C in the wait cannot deadlock it;
+- a caller waiting in ``result()``, ``exception()`` or ``Dispatcher.join`` holds no lock
+  the dispatcher needs: it waits on a ``Latch``. So a Ctrl-C in the wait cannot deadlock
+  the dispatcher;
 - ``cancel()`` takes only the future's own lock and runs the callbacks after releasing it,
-  as the stdlib's does; it tells the pool through a queue that needs no lock;
+  as the stdlib's does. It tells the pool through a queue that needs no lock;
 - the pool's own ``_when_done`` hooks (progress counts) run once, on the resolving thread,
   before the callbacks are handed on: they only put a number on a queue.
 Assumes: the stdlib's ``wait`` and ``as_completed`` reach a future only through ``_state``,
-``_waiters`` and ``_condition`` (held while they look), and ``Future``'s callbacks run
-through ``_invoke_callbacks()`` (true from 3.2 to 3.14; ``tests/test_lifecycle.py`` and
-``tests/test_timeouts.py`` pin it).
+``_waiters`` and ``_condition``, which they hold while they look. ``Future``'s callbacks
+run through ``_invoke_callbacks()``. Both hold from 3.2 to 3.14; ``tests/test_lifecycle.py``
+and ``tests/test_timeouts.py`` pin them.
 """
 
 from __future__ import annotations
@@ -47,11 +48,11 @@ MAX_CALLBACK_THREADS = 16
 # results every thread is busy for a moment, which is load, not a callback that hangs.
 BLOCKED_CALLBACK_SECONDS = 1.0
 
-# A thread blocked on a lock without a timeout can miss a Ctrl-C for good: if SIGINT lands
+# A thread blocked on a lock without a timeout can miss a Ctrl-C for good. If SIGINT lands
 # after the interpreter's last check for pending signals and before the thread sleeps, the
-# signal is consumed and nothing wakes the thread to raise KeyboardInterrupt (seen here in
-# about one run in five when the signal follows the call closely). Waits that may block
-# for long therefore wake up this often to let a pending KeyboardInterrupt be raised.
+# signal is consumed and nothing wakes the thread to raise KeyboardInterrupt. Seen here in
+# about one run in five when the signal follows the call closely. So waits that may block
+# for long wake up this often, to let a pending KeyboardInterrupt be raised.
 SIGNAL_CHECK_SECONDS = 0.25
 
 
@@ -62,11 +63,11 @@ _CANCELLED_STATES = (_base.CANCELLED, _base.CANCELLED_AND_NOTIFIED)
 class Latch:
     """Set once, waited for by any number of threads, through nothing but a C lock.
 
-    A KeyboardInterrupt can land inside a Python-level ``__enter__`` just after the lock
-    under it was taken (``threading.Condition.__enter__``), and that lock then stays taken
-    for good. If a thread the dispatcher depends on holds it, the dispatcher blocks for
-    ever: seen once in about 40 runs of the Ctrl-C-during-shutdown test, the dispatcher in
-    ``Future.set_result`` waiting for the event of a ``concurrent.futures.wait`` that the
+    A KeyboardInterrupt can land inside a Python-level ``__enter__``, such as
+    ``threading.Condition.__enter__``, just after the lock under it was taken. That lock
+    then stays taken for good, and a dispatcher that needs it blocks for ever. Seen once in
+    about 40 runs of the Ctrl-C-during-shutdown test: the dispatcher, in
+    ``Future.set_result``, waited for the event of a ``concurrent.futures.wait`` that the
     Ctrl-C had interrupted. Waiting on a latch takes nothing the setter needs.
     """
 
@@ -93,7 +94,7 @@ class Latch:
             if left <= 0:
                 return False
             if self._lock.acquire(True, left):
-                self._lock.release()  # (if a Ctrl-C lands right here, is_set still says so)
+                self._lock.release()  # if a Ctrl-C lands right here, is_set still says so
         return True
 
 
@@ -110,52 +111,53 @@ class PoolFuture(Future[T]):
     coroutine works; cancelling that coroutine stops the task. Generic in the task's return
     type, as ``Future`` is: ``submit(fn, ...)`` gives ``PoolFuture[<fn's return type>]``.
 
-    Its state lives where ``Future`` keeps it (``_state``, ``_result``, ``_exception``,
-    ``_waiters``, ``_done_callbacks``), guarded by one C lock, ``_lock``: an RLock, as
-    ``Future``'s is, so that a signal handler may ``cancel()`` a future while the stdlib's
-    ``wait()`` holds its lock on the same thread. The ``threading.Condition`` that
-    ``Future.__init__`` would build around it (a dozen Python objects for every task,
-    which the cyclic GC then walks) is made only when code outside this class asks for
-    ``_condition`` (the stdlib's ``wait`` and ``as_completed``, or ``Future``'s own methods
-    called on it), over the same lock.
+    Its state lives where ``Future`` keeps it: ``_state``, ``_result``, ``_exception``,
+    ``_waiters``, ``_done_callbacks``. One C lock guards it, ``_lock``. It is an RLock, as
+    ``Future``'s is, so a signal handler may ``cancel()`` a future while the stdlib's
+    ``wait()`` holds its lock on the same thread. ``Future.__init__`` would build a
+    ``threading.Condition`` around it: a dozen Python objects for every task, which the
+    cyclic GC then walks. Here that condition is made, over the same lock, only when code
+    outside this class asks for ``_condition``: the stdlib's ``wait`` and ``as_completed``,
+    or ``Future``'s own methods called on it.
     """
 
     _stopper: Any = None  # set by the pool: the dispatcher that can stop the task
     _task_id = 0
     _stop_requested = False
-    # The pool's own hooks (progress counting), called once, when the future is done, on
-    # whichever thread resolved it, before the done-callbacks are handed on: they only put
-    # a number on a queue, so they may run on the dispatcher thread. See ``_when_done``.
+    # The pool's own hooks, for progress counting. They are called once, when the future
+    # is done, on whichever thread resolved it, before the done-callbacks are handed on.
+    # They only put a number on a queue, so they may run on the dispatcher thread. See
+    # ``_when_done``.
     _done_hooks: list[Callable[[Future[Any]], None]] | None = None
     _made_condition: threading.Condition | None = None
 
-    def __init__(self) -> None:  # (not Future.__init__: see the class docstring)
-        self._lock = RLock()  # (the C type itself: threading.RLock is a Python function)
+    def __init__(self) -> None:  # not Future.__init__: see the class docstring
+        self._lock = RLock()  # the C type itself: threading.RLock is a Python function
         self._state = _base.PENDING
         self._result: Any = None
         self._exception: BaseException | None = None
         self._waiters: list[Any] = []
         self._done_callbacks: list[Callable[[Future[T]], object]] = []
-        # One latch per caller waiting in result() / exception(), released when the future
-        # is done: the waiters never take the future's lock while it is not done, so a
-        # Ctrl-C in a wait cannot leave it taken for the dispatcher to block on.
+        # One latch per caller waiting in result() or exception(), released when the
+        # future is done. The waiters never take the future's lock while it is not done,
+        # so a Ctrl-C in a wait cannot leave it taken for the dispatcher to block on.
         self._wakers: list[Latch] = []
 
     @property
     def _condition(self) -> threading.Condition:
         made = self._made_condition
         if made is None:
-            # (No lock: two threads asking at once make one each, and setdefault keeps one.)
+            # No lock: two threads asking at once make one each, and setdefault keeps one.
             made = self.__dict__.setdefault("_made_condition", threading.Condition(self._lock))
         return made
 
     @_condition.setter
     def _condition(self, condition: threading.Condition) -> None:
-        self._made_condition = condition  # (tests put a spy here)
+        self._made_condition = condition  # tests put a spy here
 
     def _notify_locked(self) -> None:
-        """Wake threads in ``_condition.wait()`` (only ``Future``'s own methods wait
-        there); with ``_lock`` held."""
+        """Wakes threads in ``_condition.wait()``, where only ``Future``'s own methods
+        wait. Called with ``_lock`` held."""
         if self._made_condition is not None:
             self._made_condition.notify_all()
 
@@ -163,7 +165,7 @@ class PoolFuture(Future[T]):
         state, exception = self._state, self._exception
         description = _base._STATE_TO_DESCRIPTION_MAP[state]
         if state == _base.FINISHED:
-            if _failed(exception):
+            if _holds_exception(exception):
                 return (f"<{type(self).__name__} at {id(self):#x} state={description} "
                         f"raised {type(exception).__name__}>")
             return (f"<{type(self).__name__} at {id(self):#x} state={description} "
@@ -173,7 +175,7 @@ class PoolFuture(Future[T]):
     # -- what callers see --------------------------------------------------------------
 
     def cancelled(self) -> bool:
-        return self._state in _CANCELLED_STATES  # (one read: no lock needed)
+        return self._state in _CANCELLED_STATES  # one read: no lock needed
 
     def running(self) -> bool:
         return self._state == _base.RUNNING
@@ -198,7 +200,7 @@ class PoolFuture(Future[T]):
     def _wake(self) -> None:
         """Release the waiters (after the state became a done one)."""
         if not self._wakers:
-            return  # (the usual case: nobody waits on this one)
+            return  # the usual case: nobody waits on this one
         for latch in list(self._wakers):
             latch.set()
 
@@ -214,13 +216,13 @@ class PoolFuture(Future[T]):
     def result(self, timeout: float | None = None) -> T:
         try:
             self._wait_finished(timeout)
-            if _failed(self._exception):
-                raise self._exception  # type: ignore[misc]  # (_failed: it is one)
+            if _holds_exception(self._exception):
+                raise self._exception  # type: ignore[misc]  # not None: checked above
             return self._result  # type: ignore[no-any-return]
         finally:
             # The exception raised here keeps this frame in its traceback, and the future
-            # keeps the exception: drop the frame's reference, as the stdlib's result() does,
-            # so that the future (and the pool it names) is freed without the GC.
+            # keeps the exception. Drop the frame's reference, as the stdlib's result()
+            # does, so the future, and the pool it names, is freed without the GC.
             del self
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
@@ -241,12 +243,12 @@ class PoolFuture(Future[T]):
         """Stop the task: cancel it if it has not started; if it is running, kill its
         worker (the pool starts a new one) and end this future cancelled.
 
-        Returns False if the task had already finished, else True: the future then ends
-        cancelled (``cancelled()`` is True and ``result()`` raises ``CancelledError``), even
-        if the task happens to finish before its worker is killed. It ends cancelled at once
-        if the task is still in the pool's queue; a task already sent to a worker (waiting
-        in its pipe behind another, or running) ends cancelled as soon as the pool has taken
-        it back, or killed that worker.
+        Returns False if the task had already finished, else True. The future then ends
+        cancelled, even if the task happens to finish before its worker is killed:
+        ``cancelled()`` is True and ``result()`` raises ``CancelledError``. It ends
+        cancelled at once if the task is still in the pool's queue. A task already sent to
+        a worker, running or waiting in its pipe behind another, ends cancelled as soon as
+        the pool has taken it back or killed that worker.
         """
         while True:
             with self._lock:
@@ -265,10 +267,10 @@ class PoolFuture(Future[T]):
         return True
 
     def cancel(self) -> bool:
-        """As ``Future.cancel``; a cancelled task also leaves the pool's queue (and the
-        counts of ``stats()``) at once, not when it reaches the front. Takes no lock but
-        the future's own (so it is safe where the stdlib's is: in a done-callback, a signal
-        handler, a forked child) and runs the done-callbacks after releasing it."""
+        """As ``Future.cancel``. A cancelled task also leaves the pool's queue, and the
+        counts of ``stats()``, at once, not when it reaches the front. Takes no lock but the
+        future's own, so it is safe where the stdlib's is: in a done-callback, a signal
+        handler, a forked child. Runs the done-callbacks after releasing it."""
         with self._lock:
             state = self._state
             if state == _base.RUNNING or state == _base.FINISHED:
@@ -334,8 +336,8 @@ class PoolFuture(Future[T]):
         self._after_end(ended)
 
     def _end_cancelled_locked(self) -> str | None:
-        """The state it ended cancelled from, or None if it had already ended (with
-        ``_lock`` held)."""
+        """The state it ended cancelled from, or None if it had already ended. Called
+        with ``_lock`` held."""
         state = self._state
         if state in (_base.FINISHED, _base.CANCELLED_AND_NOTIFIED):
             return None
@@ -346,8 +348,8 @@ class PoolFuture(Future[T]):
         return state
 
     def _after_end(self, ended_from: str | None) -> None:
-        """Wake the waiters and run the callbacks of a future that has just ended (unless
-        ``cancel()`` already ran them)."""
+        """Wakes the waiters and runs the callbacks of a future that has just ended, unless
+        ``cancel()`` already ran them."""
         if ended_from is None:
             return
         self._wake()
@@ -355,9 +357,9 @@ class PoolFuture(Future[T]):
             self._invoke_callbacks()
 
     def _when_done(self, hook: Callable[[Future[Any]], None]) -> None:
-        """Call the pool's ``hook(future)`` once this future is done (at once if it is).
-        Unlike a done-callback it runs on the resolving thread, the dispatcher's included,
-        so it must never block or raise: the pool's own use only (progress counting)."""
+        """Calls the pool's ``hook(future)`` once this future is done, or at once if it
+        is. Unlike a done-callback it runs on the resolving thread, the dispatcher's
+        included, so it must never block or raise. For the pool's own progress counting."""
         with self._lock:
             if self._state not in _DONE_STATES:
                 if self._done_hooks is None:
@@ -387,10 +389,10 @@ class PoolFuture(Future[T]):
             raise
 
 
-def _failed(exception: BaseException | None) -> bool:
+def _holds_exception(exception: BaseException | None) -> bool:
     """Whether a finished future holds an exception: ``is not None``, as 3.14's ``Future``
-    asks (earlier versions asked its truth, and swallowed an exception that is false,
-    gh-132063)."""
+    asks. Earlier versions asked its truth, and swallowed an exception that is false
+    (gh-132063)."""
     return exception is not None
 
 
@@ -412,8 +414,8 @@ def _run_callbacks(future: Future[Any]) -> None:
 class CallbackRunner:
     """Daemon threads that run the callbacks of futures resolved by the dispatcher.
 
-    One thread while callbacks are quick; another is started whenever every thread is busy
-    (a callback blocks), so one callback never holds up another future's.
+    One thread while callbacks are quick. Another starts whenever every thread is busy, as
+    when a callback blocks, so one callback never holds up another future's.
     """
 
     def __init__(self, name: str) -> None:
@@ -449,8 +451,8 @@ class CallbackRunner:
             try:
                 thread.start()
             except RuntimeError:
-                # No thread can start once the interpreter is shutting down (3.12 refuses
-                # even while threading's exit hooks run): the future stays queued, and the
+                # No thread can start once the interpreter is shutting down; 3.12 refuses
+                # even while threading's exit hooks run. The future stays queued, and the
                 # exit's join() runs its callbacks (see _run_leftovers).
                 self._threads.remove(thread)
                 self._idle -= 1
@@ -471,7 +473,7 @@ class CallbackRunner:
                 self._idle += 1
 
     def close(self) -> None:
-        """Let the threads run the callbacks already queued, then exit (not joined here)."""
+        """Lets the threads run the callbacks already queued, then exit. Not joined here."""
         with self._lock:
             for _ in self._threads:
                 self._queue.put(None)
@@ -494,8 +496,8 @@ class CallbackRunner:
         return [t for t in threads if t.is_alive()]
 
     def _run_leftovers(self) -> None:
-        """Run, in the joining thread, callbacks queued when no thread could be started
-        for them (at interpreter exit); with no runner thread, nobody else would."""
+        """Runs, in the joining thread, callbacks queued when no thread could be started
+        for them, at interpreter exit. With no runner thread, nobody else would."""
         while True:
             try:
                 future = self._queue.get_nowait()

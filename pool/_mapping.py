@@ -1,14 +1,18 @@
 """``map`` (and ``amap``'s submissions): batching the input, pickling the function once,
 submitting lazily, and handing the results back in order.
 
-Owns: nothing that outlives a ``map`` call. Runs in: the caller's thread (the two
-``process_*`` functions run in the worker, as the task).
-Guarantees: the function is pickled once per call, not per chunk; a chunk that cannot be
-pickled fails only its own future, as with the stdlib; with ``buffersize`` the input is read
-lazily, at most that many tasks ahead of the results taken; leaving the results early
-cancels what has not started; a result is referenced by nothing here once it is yielded
-(CPython's test_free_reference).
-Assumes: the caller checked that the pool is open and its first use (``ProcessPool``).
+Owns: nothing that outlives a ``map`` call.
+Runs in: the caller's thread. What a worker runs for a chunk, ``process_items`` and
+``process_chunk``, lives in ``_worker.main``.
+Guarantees:
+- the function is pickled once per call, not per chunk;
+- a chunk that cannot be pickled fails only its own future, as with the stdlib;
+- with ``buffersize`` the input is read lazily, at most that many tasks ahead of the
+  results taken;
+- leaving the results early cancels what has not started;
+- once yielded, a result is referenced by nothing here (CPython's test_free_reference).
+Assumes: the caller, ``ProcessPool``, has checked that the pool is open and made its
+first-use checks.
 """
 
 from __future__ import annotations
@@ -29,18 +33,19 @@ from ._futures import PoolFuture, failed
 from ._progress import Progress
 from ._worker.main import process_chunk, process_items
 
-# Submits encoded calls, in order, as one group: (the user's function, its argument
-# tuple, no keyword arguments, the encoded call) each.
+# Submits encoded calls, in order, as one group. Each is the user's function, its argument
+# tuple, no keyword arguments, and the encoded call.
 SubmitEncoded = Callable[[list[EncodedCall]], list[PoolFuture[Any]]]
 SubmitBatch = Callable[[tuple[Any, ...]], PoolFuture[Any]]
 SubmitGroup = Callable[[list[tuple[Any, ...]]], list[PoolFuture[Any]]]
 
-# An eager map over inputs that are all sized (lists, tuples, ranges, arrays: reading them
-# cannot block) submits them in groups of up to this many tasks, one command and one
-# wake-up of the pool's thread each, starting with one and doubling, so that the first
-# tasks start while the rest are pickled; a group also ends once its calls, encoded, hold
-# GROUP_BYTES. Any other input is submitted item by item, as it is read: an item must not
-# wait for the next to be produced (an input may even wait for an earlier task's effect).
+# An eager map over inputs that are all sized (lists, tuples, ranges, arrays), which
+# reading cannot block, submits them in groups of up to this many tasks. Each group is one
+# command and one wake-up of the pool's thread. Groups start at one task and double, so
+# the first tasks start while the rest are pickled. A group also ends once its encoded
+# calls hold GROUP_BYTES. Any other input is submitted item by item, as it is read: an
+# item must not wait for the next to be produced, and an input may even wait for an
+# earlier task's effect.
 GROUP_TASKS = 64
 GROUP_BYTES = 256 << 10
 
@@ -61,9 +66,9 @@ def check_options(chunksize: int, buffersize: int | None) -> None:
 
 def calls(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...], chunksize: int,
           submit: SubmitEncoded) -> tuple[Iterator[tuple[Any, ...]], SubmitGroup]:
-    """The input, read lazily, as argument tuples (a chunk of ``chunksize`` items is one
-    tuple, run by ``process_items`` or ``process_chunk``), and the function that submits
-    a group of them through ``submit``. The function is pickled once, here."""
+    """The input, read lazily, as argument tuples, and the function that submits a group
+    of them through ``submit``. A chunk of ``chunksize`` items is one tuple, run by
+    ``process_items`` or ``process_chunk``. The function is pickled once, here."""
     runner, batches = _runner_and_batches(fn, iterables, chunksize)
     try:
         fn_blob = _pickling.dumps_callable(runner)
@@ -92,7 +97,7 @@ def calls(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...], chunksiz
                     body = _pickling.encode_call(fn_blob,
                                                  _pickling.dumps_arguments(fn, args, {}))
                 except ArgumentPicklingError as exc:
-                    submit_encoded()  # (in order: those before it go first)
+                    submit_encoded()  # in order: those before it go first
                     futures.append(failed(exc))
                     continue
                 encoded.append((fn, args, {}, body))
@@ -120,9 +125,9 @@ def _runner_and_batches(fn: Callable[..., Any], iterables: tuple[Iterable[Any], 
 def calls_through_submit(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...],
                          chunksize: int, submit: Callable[..., PoolFuture[Any]]
                          ) -> tuple[Iterator[tuple[Any, ...]], SubmitGroup]:
-    """As ``calls``, but each task goes through ``submit(runner, *args)``: the pool's
-    ``submit`` as a subclass overrides it or a wrapper replaces it (tqdm's ``process_map``
-    counts its tasks so), which the stdlib's ``map`` also calls for each task."""
+    """As ``calls``, but each task goes through ``submit(runner, *args)``, as with the
+    stdlib's ``map``. That is the pool's ``submit`` as a subclass overrides it or a
+    wrapper replaces it: tqdm's ``process_map`` counts its tasks so."""
     runner, batches = _runner_and_batches(fn, iterables, chunksize)
 
     def submit_group(group: list[tuple[Any, ...]]) -> list[PoolFuture[Any]]:
@@ -130,9 +135,9 @@ def calls_through_submit(fn: Callable[..., Any], iterables: tuple[Iterable[Any],
         with _cancelled_if_interrupted(futures):
             for args in group:
                 future = submit(runner, *args)
-                # The result is handed on once the callbacks added in ``submit`` have run
-                # (done-callbacks run in order, on one thread, and this one is added
-                # last): a progress bar that counts them is up to date when map ends.
+                # The result is handed on once the callbacks added in ``submit`` have run:
+                # done-callbacks run in order, on one thread, and this one is added last.
+                # A progress bar that counts them is then up to date when map ends.
                 ran = threading.Event()
                 future.add_done_callback(functools.partial(_set_event, ran))
                 future._callbacks_ran = ran  # type: ignore[attr-defined]
@@ -166,11 +171,11 @@ def results(batches: Iterator[tuple[Any, ...]], submit_group: SubmitGroup, *, ch
             buffersize: int | None, timeout: float | None, progress: Progress | None,
             through: Callable[[Callable[[], PoolFuture[Any]]], PoolFuture[Any]] | None,
             grouped: bool = False) -> Iterator[Any]:
-    """Submit the batches (all now, or ``buffersize`` ahead) and return the results in
-    input order. They go one by one, as they are read, unless ``grouped`` (the input
-    cannot block: ``groupable``) and neither ``buffersize`` nor ``through`` is given.
-    ``through``, if given, makes each submission (a lease counts its own futures);
-    ``progress`` is told the items of each finished task."""
+    """Submits the batches, all now or ``buffersize`` ahead, and returns the results in
+    input order. They go one by one, as they are read, unless ``grouped`` is true and
+    neither ``buffersize`` nor ``through`` is given. ``grouped`` says the input cannot
+    block (``groupable``). ``through``, if given, makes each submission: a lease counts
+    its own futures. ``progress`` is told the items of each finished task."""
     end_time = None if timeout is None else timeout + time.monotonic()
     submit_one = one_by_one(submit_group)
 
@@ -208,8 +213,8 @@ def results(batches: Iterator[tuple[Any, ...]], submit_group: SubmitGroup, *, ch
 
 
 def _items_of_chunks(chunks: Iterator[list[Any]]) -> Iterator[Any]:
-    """Flatten ``map``'s chunk results, holding on to no item once it is yielded (a long
-    map over large results must not keep them alive: CPython's test_free_reference)."""
+    """Flattens ``map``'s chunk results, holding on to no item once it is yielded. A long
+    map over large results must not keep them alive (CPython's test_free_reference)."""
     for chunk in chunks:
         chunk.reverse()
         while chunk:
@@ -241,13 +246,13 @@ def _result_or_cancel(future: Future[Any], timeout: float | None) -> Any:
     try:
         try:
             return future.result(timeout)
-        except BaseException:  # (a timeout, an interrupt; a finished one ignores cancel)
+        except BaseException:  # a timeout, an interrupt; a finished future ignores cancel
             future.cancel()
             raise
         finally:
-            ran = getattr(future, "_callbacks_ran", None)  # (``calls_through_submit``)
+            ran = getattr(future, "_callbacks_ran", None)  # set by calls_through_submit
             while ran is not None and future.done() and not ran.wait(0.25):
-                pass  # (in slices: a Ctrl-C is not held up)
+                pass  # in slices: a Ctrl-C is not held up
     finally:
         del future  # break the reference cycle with the exception's traceback
 

@@ -1,19 +1,20 @@
-"""``pool.patch()``: ``concurrent.futures.ProcessPoolExecutor`` becomes pool's class, for
-code that looks the name up afterwards (libraries that build their own pools: black,
-compileall, tqdm, dask), and the start-up hook ``python -m pool run`` relies on.
+"""``pool.patch()``: ``concurrent.futures.ProcessPoolExecutor`` becomes pool's class for
+code that looks the name up afterwards, such as libraries that build their own pools
+(black, compileall, tqdm, dask). Also what ``python -m pool run`` shares with its start-up
+hook: the variable that names the interpreter to patch.
 
 Owns: the two names ``concurrent.futures.ProcessPoolExecutor`` and
 ``concurrent.futures.process.ProcessPoolExecutor`` while patched, and what they held before.
-Runs in: any thread of any process (under one lock). (The start-up hook of ``python -m
-pool run``, ``pool/_startup/sitecustomize.py``, patches the same way, by itself: it must
-not import pool before the class is looked up.)
-Guarantees: both names give ``_patched.ProcessPoolExecutor`` (pool's executor with the
-stdlib's default start method) while any ``Patch`` is active, and what they gave before
-once the last is undone (unless something else has replaced them since: that stays).
+Runs in: any thread of any process, under one lock. The start-up hook of ``python -m pool
+run`` (``pool/_startup/sitecustomize.py``) patches the same way by itself: it must not
+import pool before the class is looked up.
+Guarantees: while any ``Patch`` is active, both names give ``_patched.ProcessPoolExecutor``,
+pool's executor with the stdlib's default start method. Once the last is undone, they give
+what they gave before, unless something else has replaced them since: that stays.
 Patching imports nothing of the executor: the class is imported at the first lookup.
 Assumes: ``concurrent.futures`` looks ``ProcessPoolExecutor`` up in ``.process`` on first
-use and keeps it as a global (its module ``__getattr__``, 3.7 and later); ``.process``
-has no ``__getattr__`` of its own (it has none on 3.11–3.14: one would be chained).
+use and keeps it as a global, through its module ``__getattr__`` (3.7 and later).
+``.process`` has no ``__getattr__`` of its own on 3.11–3.14; one would be chained.
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ PROCESS_MODULE = "concurrent.futures.process"
 PACKAGE = "concurrent.futures"
 
 # What ``python -m pool run`` sets for the programs it runs, and the start-up hook reads:
-# the interpreter that should patch itself, as ``major.minor[abiflags]:sys.prefix``
-# (another Python that inherits the variable, another version, build or environment,
-# does nothing).
+# the interpreter that should patch itself, as ``major.minor[abiflags]:sys.prefix``.
+# Another Python that inherits the variable, of another version, build or environment,
+# does nothing.
 ENVIRONMENT_VARIABLE = "POOL_PATCH"
 
 _lock = threading.Lock()
@@ -40,8 +41,8 @@ _MISSING = object()
 
 
 class Patch:
-    """What ``pool.patch()`` returns: ``undo()`` gives back what the two names held (once
-    every other active ``Patch`` is undone too); as a context manager, leaving the block
+    """What ``pool.patch()`` returns. ``undo()`` gives back what the two names held, once
+    every other active ``Patch`` is undone too. As a context manager, leaving the block
     undoes it. Undoing twice does nothing the second time."""
 
     __slots__ = ("_active",)
@@ -77,16 +78,17 @@ def patch() -> Patch:
     lookup from now on, in this process, until the returned ``Patch`` is undone.
 
     The class they name is a subclass of ``pool.ProcessPoolExecutor`` that keeps the
-    stdlib's choice of start method when the caller gives no ``mp_context``
-    (``multiprocessing.get_context()``: ``fork`` on Linux before 3.14), so that what the
-    caller made for that context (a lock in ``initargs``) still works.
+    stdlib's choice of start method when the caller gives no ``mp_context``:
+    ``multiprocessing.get_context()``, which is ``fork`` on Linux before 3.14. So what the
+    caller made for that context, such as a lock in ``initargs``, still works.
 
     It reaches code that looks the class up after the call: ``from concurrent.futures
-    import ProcessPoolExecutor`` run later (inside a function, or in a module imported
-    later), ``concurrent.futures.ProcessPoolExecutor(...)`` and subclasses defined later.
-    It cannot reach a name bound before (a module that imported the class already keeps
-    the stdlib's), other processes (``python -m pool run`` reaches those), or pools that
-    are not ``concurrent.futures`` ones (``multiprocessing.Pool``, loky, joblib).
+    import ProcessPoolExecutor`` run later, inside a function or a module imported later;
+    ``concurrent.futures.ProcessPoolExecutor(...)``; subclasses defined later. It cannot
+    reach a name bound before: a module that imported the class already keeps the
+    stdlib's. Nor can it reach other processes, which ``python -m pool run`` reaches, or
+    pools that are not ``concurrent.futures`` ones (``multiprocessing.Pool``, loky,
+    joblib).
     """
     import concurrent.futures.process as process_module
     return _patch(process_module)
@@ -102,7 +104,8 @@ def _patch(process_module: ModuleType) -> Patch:
 
 
 def _take_over(process_module: ModuleType) -> None:
-    """Points both names at pool's class, resolved at their first lookup. (Under _lock.)"""
+    """Points both names at pool's class, resolved at their first lookup. Called under
+    _lock."""
     package = sys.modules[PACKAGE]
     _saved.clear()
     _saved["module"] = process_module
@@ -112,17 +115,18 @@ def _take_over(process_module: ModuleType) -> None:
     previous = _saved["getattr"]
 
     def __getattr__(name: str) -> Any:
-        # (Only names the module does not hold come here: ProcessPoolExecutor, once.)
+        # Only names the module does not hold come here: ProcessPoolExecutor, once.
         if name == NAME:
             from ._patched import ProcessPoolExecutor
             with _lock:
                 still_patched = process_module.__dict__.get("__getattr__") is __getattr__
                 if still_patched:
-                    process_module.__dict__[NAME] = ProcessPoolExecutor  # (no more here)
+                    process_module.__dict__[NAME] = ProcessPoolExecutor  # found from now on
             if still_patched:
                 return ProcessPoolExecutor
-            # Undone while the class was being imported: what the name holds now (looked
-            # up outside the lock: it may be another patch's __getattr__, which takes it).
+            # Undone while the class was being imported: what the name holds now. It is
+            # looked up outside the lock: it may be another patch's __getattr__, which
+            # takes the lock.
             return getattr(process_module, NAME)
         if previous is not _MISSING:
             return previous(name)
@@ -137,7 +141,7 @@ def _take_over(process_module: ModuleType) -> None:
 
 
 def _restore() -> None:
-    """Gives both names back what they held before the first patch. (Under _lock.)"""
+    """Gives both names back what they held before the first patch. Called under _lock."""
     process_module = _saved["module"]
     package = sys.modules[PACKAGE]
     if process_module.__dict__.get("__getattr__") is _saved["ours"]:
@@ -145,7 +149,7 @@ def _restore() -> None:
             del process_module.__dict__["__getattr__"]
         else:
             process_module.__dict__["__getattr__"] = _saved["getattr"]
-    # (Not imported, if no lookup ever needed it: then no name holds it.)
+    # Not imported if no lookup ever needed it; then no name holds it.
     patched = sys.modules.get(f"{__package__}._patched")
     ours = getattr(patched, NAME, None)
     for module, key in ((process_module, "class"), (package, "package")):
@@ -159,7 +163,7 @@ def _restore() -> None:
 
 
 def interpreter_key() -> str:
-    """This interpreter, as ``ENVIRONMENT_VARIABLE`` names the one to patch (the start-up
-    hook, ``pool/_startup/sitecustomize.py``, builds the same key itself)."""
+    """This interpreter, as ``ENVIRONMENT_VARIABLE`` names the one to patch. The start-up
+    hook (``pool/_startup/sitecustomize.py``) builds the same key itself."""
     return (f"{sys.version_info[0]}.{sys.version_info[1]}{getattr(sys, 'abiflags', '')}:"
             f"{sys.prefix}")

@@ -1,20 +1,22 @@
 """Progress reporting without a dependency: ``map(..., progress=bar)`` and
 ``as_completed(fs, progress=bar)`` call ``bar.update(n)`` with counts of items done.
 
-Owns: one ``Progress`` per call given a progress object, and the thread that calls it.
-Runs in: futures report from whatever thread resolves them (a pool future through its
-``_when_done`` hook, on the dispatcher thread, which only puts a number on a queue; any
-other future through a done-callback); the progress object itself is called only on the
-``Progress``'s own thread, one call at a time, with the counts that arrived meanwhile added
-together (a burst of results is one ``update``; at most one every ``UPDATE_SECONDS`` while
-counts keep coming).
-Guarantees: a progress object that is slow or blocks delays no result and never runs on the
-pool's thread; counts are items (a ``map`` chunk of 100 counts 100), of tasks that finished,
-failed or not; cancelled ones are not counted. When the caller has seen every result,
-``finish`` waits (a bounded time) until every count was delivered, so a bar reads 100%
-when the loop ends. A progress object that raises is logged once and not called again.
-Assumes: the object has ``update(n)`` (tqdm, enlighten) or is a callable taking ``n`` (for
-rich, ``lambda n: progress.advance(task, n)``).
+Owns: one ``Progress`` per call that is given a progress object, and the thread that calls
+it.
+Runs in: futures report from whatever thread resolves them. A pool future reports through
+its ``_when_done`` hook on the dispatcher thread, which only puts a number on a queue; any
+other future, through a done-callback. The progress object itself is called only on the
+``Progress``'s own thread, one call at a time, with the counts that arrived meanwhile
+added together. So a burst of results is one ``update``, and there is at most one every
+``UPDATE_SECONDS`` while counts keep coming.
+Guarantees: a progress object that is slow or blocks delays no result and never runs on
+the pool's thread. Counts are items: a ``map`` chunk of 100 counts 100. They count tasks
+that finished, failed or not; cancelled ones are not counted. When the caller has seen
+every result, ``finish`` waits a bounded time until every count was delivered, so a bar
+reads 100% when the loop ends. A progress object that raises is logged once and not
+called again.
+Assumes: the object has ``update(n)`` (tqdm, enlighten) or is a callable taking ``n``; for
+rich, ``lambda n: progress.advance(task, n)``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ T = TypeVar("T")
 logger = logging.getLogger("pool")
 
 # How long the end of a loop waits for a progress object to take the last counts. Past
-# this the object is stuck (the loop's results are all delivered anyway): say so, go on.
+# this the object is stuck: say so and go on. The loop's results are all delivered anyway.
 FINISH_SECONDS = 5.0
 
 
@@ -53,9 +55,9 @@ ProgressTarget = Union[SupportsUpdate, Callable[[int], object]]
 
 
 class Progress:
-    """Counts items done, from any thread, and reports them on a thread of its own, which
-    runs only while some tracked future has not been counted (a ``map`` never iterated,
-    or left early, leaves no thread behind once its tasks are done)."""
+    """Counts items done, from any thread, and reports them on a thread of its own. That
+    thread runs only while some tracked future has not been counted: a ``map`` never
+    iterated, or left early, leaves no thread behind once its tasks are done."""
 
     def __init__(self, target: ProgressTarget) -> None:
         update = getattr(target, "update", None)
@@ -84,19 +86,20 @@ class Progress:
         count = self._counts.put
 
         def counted(f: Future[Any]) -> None:
-            # (the state, read without the future's lock: it is final once done)
+            # The state, read without the future's lock: it is final once done.
             count(0 if f._state in _CANCELLED else items)
 
         if isinstance(future, PoolFuture):
-            future._when_done(counted)  # no hop through a callback thread: the pool's
-            # futures are resolved by its dispatcher, which may put a number on a queue
+            # No hop through a callback thread: the pool's futures are resolved by its
+            # dispatcher, which may put a number on a queue.
+            future._when_done(counted)
         else:
             future.add_done_callback(counted)
 
     def finish(self, *, wait: bool) -> None:
-        """No more futures will be tracked. With ``wait`` (the caller saw every result),
-        return once every count has been given to the progress object (or after
-        ``FINISH_SECONDS``, if it is stuck). Without, later counts are not reported."""
+        """No more futures will be tracked. With ``wait``, since the caller saw every
+        result, returns once every count has been given to the progress object, or after
+        ``FINISH_SECONDS`` if it is stuck. Without, later counts are not reported."""
         if not wait:
             self._silent = True
             return
@@ -139,17 +142,18 @@ class Progress:
                 finishing = self._drained is not None
             if not finishing:
                 # More counts to come: let them gather. Waking for each one would make
-                # this thread take the GIL from the pool's thread once per task (measured:
-                # a fifth of tiny-task throughput); a bar needs no more than this rate.
+                # this thread take the GIL from the pool's thread once per task, which
+                # cost a fifth of tiny-task throughput (measured). A bar needs no more
+                # than this rate.
                 self._hurry.wait(UPDATE_SECONDS)
 
 
 def as_completed(fs: Iterable[Future[T]], timeout: float | None = None, *,
                  progress: ProgressTarget | None = None) -> Iterator[Future[T]]:
-    """``concurrent.futures.as_completed``, which also tells ``progress`` (an object with
-    ``update(n)``, or a callable taking ``n``) as each future finishes: ``update(1)`` per
-    future, on a thread of its own; cancelled futures are not counted. Works with any
-    ``concurrent.futures`` futures, not only the pool's."""
+    """``concurrent.futures.as_completed``, which also tells ``progress`` as each future
+    finishes. ``progress`` is an object with ``update(n)``, or a callable taking ``n``. It
+    gets ``update(1)`` per future, on a thread of its own; cancelled futures are not
+    counted. Works with any ``concurrent.futures`` futures, not only the pool's."""
     if progress is None:
         return futures.as_completed(fs, timeout)
     reporter = Progress(progress)  # a bad progress object fails here, at the call

@@ -1,15 +1,15 @@
 """What a pool has done and is doing: the counts behind ``ProcessPool.stats()``.
 
-Owns: ``PoolStats`` and ``WorkerStats`` (the public snapshot, frozen) and ``Counters`` (the
-running totals behind it).
-Runs in: ``Counters`` is changed only by the dispatcher thread, as it ends tasks and reaps
-workers, and a snapshot is taken on that thread when a caller asks, after every command the
-caller queued before (so the counts of one snapshot agree with each other, and a task the
-caller just cancelled is counted cancelled). The caller's thread then adds each worker's
+Owns: ``PoolStats`` and ``WorkerStats``, the public snapshot, frozen; and ``Counters``, the
+running totals behind it.
+Runs in: only the dispatcher thread changes ``Counters``, as it ends tasks and reaps
+workers. A snapshot is taken on that thread when a caller asks, after every command the
+caller queued before. So the counts of one snapshot agree with each other, and a task the
+caller just cancelled is counted cancelled. The caller's thread then adds each worker's
 resident memory, read from ``/proc``: nothing asks a worker anything.
 Guarantees: every task the pool accepted is in exactly one of ``queued``, ``running``,
-``completed``, ``failed``, ``cancelled``, ``stopped`` and ``timed_out``; ``submitted`` is
-their sum. A ``map`` chunk is one task.
+``completed``, ``failed``, ``cancelled``, ``stopped`` and ``timed_out``, and
+``submitted`` is their sum. A ``map`` chunk is one task.
 """
 
 from __future__ import annotations
@@ -51,11 +51,13 @@ class PoolStats:
                     ``kill_workers()`` (its future ended cancelled or ``WorkerTerminated``)
     ``timed_out``   ran longer than its timeout (``TaskTimeout``)
 
-    ``submitted`` is their sum (calls that could not be pickled never reach the pool and
-    are not counted). Workers: ``workers_started`` processes started so far;
-    ``worker_deaths`` of them ended without being asked to (killed by a signal, an
-    ``os._exit``, a crash while starting), by cause in ``deaths_by_cause`` (``"SIGKILL"``,
-    ``"exit code 3"``); ``workers``: the live ones, by slot.
+    ``submitted`` is their sum. Calls that could not be pickled never reach the pool and
+    are not counted.
+
+    Workers: ``workers_started`` processes were started so far. ``worker_deaths`` of them
+    ended without being asked to: killed by a signal, an ``os._exit``, a crash while
+    starting. ``deaths_by_cause`` counts them by cause (``"SIGKILL"``, ``"exit code 3"``).
+    ``workers`` are the live ones, by slot.
     """
 
     submitted: int
@@ -102,28 +104,29 @@ class Outcome(enum.Enum):
 class Counters:
     """Running totals, changed by the dispatcher thread only (see the module docstring)."""
 
-    __slots__ = ("submitted", "workers_started", "starts_refused", "endings", "deaths")
+    __slots__ = ("submitted", "workers_started", "starts_refused", "tasks_by_outcome",
+                 "deaths_by_cause")
 
     def __init__(self) -> None:
         self.submitted = self.workers_started = self.starts_refused = 0
-        self.endings = dict.fromkeys(Outcome, 0)
-        self.deaths: collections.Counter[str] = collections.Counter()
+        self.tasks_by_outcome = dict.fromkeys(Outcome, 0)
+        self.deaths_by_cause: collections.Counter[str] = collections.Counter()
 
     def ended(self, outcome: Outcome) -> None:
-        self.endings[outcome] += 1
+        self.tasks_by_outcome[outcome] += 1
 
     def worker_died(self, exitcode: int | None) -> None:
-        self.deaths[death_cause(exitcode)] += 1
+        self.deaths_by_cause[death_cause(exitcode)] += 1
 
     def snapshot(self, queued: int, running: int, workers: tuple[WorkerStats, ...]
                  ) -> PoolStats:
-        endings = self.endings
+        by_outcome, by_cause = self.tasks_by_outcome, self.deaths_by_cause
         return PoolStats(
             submitted=self.submitted, queued=queued, running=running,
-            completed=endings[Outcome.COMPLETED], failed=endings[Outcome.FAILED],
-            cancelled=endings[Outcome.CANCELLED], stopped=endings[Outcome.STOPPED],
-            timed_out=endings[Outcome.TIMED_OUT], workers_started=self.workers_started,
-            worker_deaths=sum(self.deaths.values()), deaths_by_cause=dict(self.deaths),
+            completed=by_outcome[Outcome.COMPLETED], failed=by_outcome[Outcome.FAILED],
+            cancelled=by_outcome[Outcome.CANCELLED], stopped=by_outcome[Outcome.STOPPED],
+            timed_out=by_outcome[Outcome.TIMED_OUT], workers_started=self.workers_started,
+            worker_deaths=sum(by_cause.values()), deaths_by_cause=dict(by_cause),
             starts_refused=self.starts_refused, workers=workers)
 
 

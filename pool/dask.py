@@ -1,23 +1,23 @@
 """pool as the task executor of dask.distributed workers (``pip install pool[dask]``).
 
-Owns: the ``ProcessPool`` it installs in each dask worker (as the worker's default executor,
-or a named one that tasks choose with ``dask.annotate(executor=NAME)``), the daemonic flag of
-that worker process, and the worker's memory reading (its child processes counted).
-Runs in: the dask worker process: ``setup`` and ``teardown`` on the worker's event loop (the
-pool's waits in a thread of their own, never blocking the loop); the tasks on the pool's
-dispatcher thread and its processes.
+Owns: the ``ProcessPool`` it installs in each dask worker, as the worker's default executor
+or as a named one that tasks choose with ``dask.annotate(executor=NAME)``; the daemonic
+flag of that worker process; and the worker's memory reading, which counts its children.
+Runs in: the dask worker process. ``setup`` and ``teardown`` run on the worker's event
+loop; the pool's waits run in a thread of their own, never blocking the loop. The tasks
+go through the pool's dispatcher thread to its processes.
 Guarantees:
 - a task that kills its process (segfault, ``os._exit``, SIGKILL, the OOM killer) fails only
-  that task, with :class:`pool.WorkerDied` on the client's future; the dask worker, its
-  other tasks and its data live on (dask's default executor runs tasks in threads of the
-  dask worker, which such a task takes down whole);
-- a task's ``sys.exit()`` fails that task too (distributed lets ``SystemExit`` end the
-  process it is raised in; in a pool process that is not the dask worker);
-- the pool's processes end with the dask worker, however it ends: closed (what still runs
-  is terminated: dask has given those tasks up), restarted by its nanny, SIGKILLed (each
-  pool process has a lifeline to its parent);
-- removing the plugin puts back the executor it replaced at once; what its pool runs
-  finishes, then the pool's processes end (at once if the worker begins to close).
+  that task, with :class:`pool.WorkerDied` on the client's future. The dask worker, its
+  other tasks and its data live on. dask's default executor runs tasks in threads of the
+  dask worker, which such a task takes down whole;
+- a task's ``sys.exit()`` fails that task too. distributed lets ``SystemExit`` end the
+  process it is raised in; a pool task raises it in a pool process, not the dask worker;
+- the pool's processes end with the dask worker, however it ends: closed, restarted by its
+  nanny, or SIGKILLed. On close, what still runs is terminated, since dask has given those
+  tasks up. Each pool process has a lifeline to its parent;
+- removing the plugin puts back the executor it replaced at once. What its pool runs
+  finishes, then the pool's processes end; at once if the worker begins to close.
 Assumes: distributed's ``Worker`` runs a task of a non-thread executor as
 ``loop.run_in_executor(executor, _run_task_simple, ...)`` and shuts its executors down on
 close (true of distributed 2023 onwards). Importing ``pool`` never imports this module.
@@ -74,14 +74,14 @@ class ProcessPoolPlugin(WorkerPlugin):
     watches its parent and ends itself and its process group when the parent is gone.
     The nanny's view of the worker is unchanged.
 
-    With ``count_children_memory`` (the default), the memory the dask worker reports and
-    acts on (spilling at 70%, pausing at 80% of its ``memory_limit``) includes its child
-    processes' proportional share (PSS). The nanny's restart at 95% still sees the worker
-    process only; bound each pool process with ``max_memory_per_child``.
+    With ``count_children_memory``, the default, the memory the dask worker reports and
+    acts on includes its child processes' proportional share (PSS). The worker spills at
+    70% and pauses at 80% of its ``memory_limit``. The nanny's restart at 95% still sees the
+    worker process only; bound each pool process with ``max_memory_per_child``.
 
     Removing the plugin, or registering another for the same executor name, takes effect
-    at once for new tasks; the old pool finishes what it runs, then ends its processes
-    (terminated at once if the dask worker closes meanwhile).
+    at once for new tasks. The old pool finishes what it runs, then ends its processes.
+    They are terminated at once if the dask worker closes meanwhile.
     """
 
     idempotent = False
@@ -108,14 +108,15 @@ class ProcessPoolPlugin(WorkerPlugin):
             idle_timeout=idle_timeout, initializer=initializer, initargs=tuple(initargs))
         self.start_method = start_method
         self.count_children_memory = count_children_memory
-        # Bad options fail here, at the call, not in every dask worker's log: a pool made
-        # with them and closed at once checks them all (it starts no process or thread).
-        # (Not in a daemonic process, where no pool can be made: a preload in a dask worker
-        # under its nanny, whose setup follows at once and raises the same error.)
+        # Bad options fail here, at the call, not in every dask worker's log. A pool made
+        # with them and closed at once checks them all; it starts no process or thread.
+        # Not in a daemonic process, where no pool can be made: there the plugin is a
+        # preload in a dask worker under its nanny, whose setup follows at once and raises
+        # the same error.
         if not multiprocessing.current_process().daemon:
             ProcessPool(**self.options).shutdown()
-        # Per dask worker (several can share one process, e.g. LocalCluster(processes=False)):
-        # the pool installed there and the executor it replaced, if any.
+        # Per dask worker: the pool installed there and the executor it replaced, if any.
+        # Several dask workers can share one process, as with LocalCluster(processes=False).
         self._installed: dict[int, tuple[_DaskWorkerPool, Any]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
@@ -138,9 +139,9 @@ class ProcessPoolPlugin(WorkerPlugin):
         options = dict(self.options)
         if options["max_workers"] is None:
             options["max_workers"] = worker.state.nthreads
-        executor = _DaskWorkerPool(mp_context=context, **options)
-        self._installed[id(worker)] = (executor, worker.executors.get(self.executor))
-        worker.executors[self.executor] = executor
+        worker_pool = _DaskWorkerPool(mp_context=context, **options)
+        self._installed[id(worker)] = (worker_pool, worker.executors.get(self.executor))
+        worker.executors[self.executor] = worker_pool
         if self.count_children_memory:
             _count_children_memory(worker)
 
@@ -148,8 +149,8 @@ class ProcessPoolPlugin(WorkerPlugin):
         installed = self._installed.pop(id(worker), None)
         if installed is None:
             return
-        executor, replaced = installed
-        if worker.executors.get(self.executor) is executor:
+        worker_pool, replaced = installed
+        if worker.executors.get(self.executor) is worker_pool:
             # Tasks that start from now on find the executor that was there before.
             if replaced is None:
                 del worker.executors[self.executor]
@@ -158,27 +159,27 @@ class ProcessPoolPlugin(WorkerPlugin):
         if not any(isinstance(e, ProcessPool) for e in worker.executors.values()):
             _stop_counting_children_memory(worker)
         if worker.status in _CLOSING:
-            # Dask has given up the tasks still running (it cancelled their awaits and runs
-            # them elsewhere): end them now rather than hold up the close.
-            await _in_thread(executor.terminate_workers)
+            # Dask has given up the tasks still running: it cancelled their awaits and runs
+            # them elsewhere. End them now rather than hold up the close.
+            await _in_thread(worker_pool.terminate_workers)
         else:
             # Removed or replaced while the worker goes on: what the pool runs finishes,
-            # then its processes end, without holding up the removal (or the replacement's
-            # setup). It stays among the worker's executors under a name no task uses, so
-            # that if the worker closes meanwhile, its close (which shuts every executor
-            # down) ends the pool with the rest, terminating what still runs.
-            executor.shutdown(wait=False)
-            executor.terminate_at_shutdown = True
-            worker.executors[f"{self.executor} (removed pool {id(executor):x})"] = executor
+            # then its processes end. Neither the removal nor the replacement's setup waits
+            # for that. The pool stays among the worker's executors under a name no task
+            # uses. If the worker closes meanwhile, its close shuts every executor down and
+            # so ends this pool too, terminating what still runs.
+            worker_pool.shutdown(wait=False)
+            worker_pool.terminate_at_shutdown = True
+            worker.executors[f"{self.executor} (removed pool {id(worker_pool):x})"] = worker_pool
 
 
 class _DaskWorkerPool(ProcessPool):
     """The pool of a dask worker: a ``ProcessPool`` whose tasks cannot end the dask worker.
 
     A task that raises ``SystemExit`` (``sys.exit()``) or ``KeyboardInterrupt`` runs in a
-    pool process, but distributed re-raises both on purpose, to shut down the process they
-    come from, and the pool brings the exception back to the dask worker, whose event loop
-    would then end the whole worker. Here such a task fails like any other, with a
+    pool process. But distributed re-raises both on purpose, to shut down the process they
+    come from. The pool brings the exception back to the dask worker, whose event loop would
+    then end the whole worker. Here such a task fails like any other, with a
     ``RuntimeError`` chained to the original.
     """
 
@@ -214,9 +215,9 @@ class _ExitContained(Generic[P, T]):
 
 
 async def _in_thread(end: Callable[[], None]) -> None:
-    """Run a pool's blocking wait for its workers in a thread, off the event loop; in this
-    thread only where none can be started (interpreter exit: the wait is bounded by the
-    pool's grace periods)."""
+    """Runs a pool's blocking wait for its workers in a thread, off the event loop. Where
+    no thread can be started, at interpreter exit, it runs here; the pool's grace periods
+    bound the wait."""
     loop = asyncio.get_running_loop()
     try:
         waiting = loop.run_in_executor(None, end)
@@ -227,18 +228,18 @@ async def _in_thread(end: Callable[[], None]) -> None:
 
 
 def _allow_children() -> None:
-    """Let this process start the pool's workers even if it is daemonic (see the plugin's
-    docstring for why that is safe for pool's processes)."""
+    """Lets this process start the pool's workers even if it is daemonic. The plugin's
+    docstring says why that is safe for pool's processes."""
     process = multiprocessing.current_process()
     if process.daemon:
         process.daemon = False
 
 
 def _preload_in_forkserver(context: Any) -> None:
-    """Have the forkserver import what every task of a dask worker imports, so that each of
-    the pool's processes starts with it: one that must import distributed itself takes
-    ~0.4 s to start, the time a death costs before its slot runs again (measured: a death
-    to the next result 0.40 s without, 0.01 s with)."""
+    """Has the forkserver import what every task of a dask worker imports, so each of the
+    pool's processes starts with it. One that must import distributed itself takes ~0.4 s
+    to start: the time a death costs before its slot runs again. Measured from a death to
+    the next result: 0.40 s without, 0.01 s with."""
     from ._executor import _WORKER_MODULES
     preload_in_forkserver(context, "distributed.worker", *_WORKER_MODULES)
 
@@ -248,16 +249,16 @@ def _preload_in_forkserver(context: Any) -> None:
 def _count_children_memory(worker: Worker) -> None:
     """Make the worker's memory reading include its descendants' resident memory.
 
-    ``SystemMonitor.get_process_memory`` is what the worker's memory manager (spill, pause)
-    and its reports to the scheduler read: a one-line method of its own (distributed's
-    tests replace it), replaced here on this worker's monitor only. Installed once per
-    worker, whatever the number of pools: it counts every descendant, so two pools are not
-    counted twice.
+    The worker's memory manager (spill, pause) and its reports to the scheduler read
+    ``SystemMonitor.get_process_memory``. It is a one-line method of its own, which
+    distributed's tests replace too. Here it is replaced on this worker's monitor only.
+    Installed once per worker, whatever the number of pools: it counts every descendant,
+    so two pools are not counted twice.
     """
     monitor = worker.monitor
     if isinstance(monitor.get_process_memory, _WithChildren):
         return
-    # (Replacing the bound method with a callable of our own is the point.)
+    # Replacing the bound method with a callable of our own is the point.
     monitor.get_process_memory = _WithChildren(  # type: ignore[method-assign]
         monitor.proc, monitor.get_process_memory)
 
@@ -269,16 +270,16 @@ def _stop_counting_children_memory(worker: Worker) -> None:
 
 
 class _WithChildren:
-    """The worker's own RSS plus its descendant processes' proportional share (PSS), the
-    latter read at most every ``REFRESH`` seconds (finding descendants scans every process
-    of the machine, ~1.4 ms for 75; each one's PSS costs ~0.2 ms; the memory manager reads
-    this every 100 ms).
+    """The worker's own RSS plus its descendant processes' proportional share (PSS). The
+    PSS is read at most every ``REFRESH`` seconds: finding descendants scans every process
+    of the machine, ~1.4 ms for 75, and each one's PSS costs ~0.2 ms. The memory manager
+    reads this every 100 ms.
 
-    PSS, not RSS: forked processes share the pages of the forkserver they come from
-    (distributed itself, some 45 MB, is preloaded there); RSS would count those pages once
-    per process, PSS divides them among the sharers, so the sum is the memory they really
-    hold. (Several in-process workers, ``LocalCluster(processes=False)``, each count them
-    all, as each counts the process's own RSS.)
+    PSS, not RSS: forked processes share the pages of the forkserver they come from, where
+    distributed itself, some 45 MB, is preloaded. RSS would count those pages once per
+    process. PSS divides them among the sharers, so the sum is the memory they really hold.
+    Several in-process workers (``LocalCluster(processes=False)``) each count them all, as
+    each counts the process's own RSS.
     """
 
     REFRESH = 0.5
@@ -307,7 +308,7 @@ def _descendants_memory(proc: Any) -> int:
     for child in children:
         try:
             info = child.memory_full_info()
-        except psutil.AccessDenied:  # (not ours to read in full: fall back to its RSS)
+        except psutil.AccessDenied:  # not ours to read in full: its RSS instead
             try:
                 total += child.memory_info().rss
             except psutil.Error:
@@ -315,15 +316,15 @@ def _descendants_memory(proc: Any) -> int:
         except psutil.Error:  # gone meanwhile
             pass
         else:
-            total += getattr(info, "pss", info.rss)  # (PSS is Linux's; elsewhere RSS)
+            total += getattr(info, "pss", info.rss)  # PSS is Linux's; elsewhere RSS
     return total
 
 
 # --- preload ------------------------------------------------------------------------------
 
-# The preload's options, each also read from dask's configuration (key ``pool.NAME``,
-# e.g. ``DASK_POOL__TASK_TIMEOUT=600`` in the environment) when not on the command line:
-# the way in that does not depend on how the worker is launched.
+# The preload's options. One not on the command line is read from dask's configuration,
+# key ``pool.NAME``: for example ``DASK_POOL__TASK_TIMEOUT=600`` in the environment. That
+# way in does not depend on how the worker is launched.
 _PRELOAD_OPTIONS = ("executor", "max-workers", "start-method", "task-timeout",
                     "max-memory-per-child", "max-tasks-per-child")
 
@@ -346,9 +347,9 @@ def _setup(worker: Any, **given: Any) -> Any:
 
 
 # ``dask worker SCHEDULER --preload pool.dask [--pool-max-workers=N ...]``: the same as
-# registering ProcessPoolPlugin with these options, on this worker only. A click command
-# because that is how distributed hands a preload its own options (the words after
-# ``--preload MODULE`` on dask worker's command line, or LocalCluster's ``preload_argv``).
+# registering ProcessPoolPlugin with these options, on this worker only. A click command,
+# because that is how distributed hands a preload its own options: the words after
+# ``--preload MODULE`` on dask worker's command line, or LocalCluster's ``preload_argv``.
 dask_setup = click.Command("pool.dask", callback=_setup, params=[
     click.Option(["--pool-executor"], default=None,
                  help="the executor's name: 'default' (the default) runs every task in the "

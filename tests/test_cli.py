@@ -1045,7 +1045,7 @@ def test_what_an_input_printed_before_its_worker_died_is_on_stderr(method):
     for text in ("segv", "kill", "fine"):
         assert f"last words {text}" in proc.err and f"fd words {text}" in proc.err, proc.err
     # The crash report shows the user's frames, not the command's own machinery.
-    assert "last_words" in proc.err and "_cli_task.py" not in proc.err, proc.err
+    assert "last_words" in proc.err and "_cli/task.py" not in proc.err, proc.err
     # Each death is told once, with its input: not again by the pool's own log warning.
     assert "that task failed with WorkerDied" not in proc.err, proc.err
 

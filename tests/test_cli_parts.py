@@ -11,8 +11,8 @@ import pytest
 
 from pool._cli.inputs import counter, parse, read_inputs, records_of
 from pool._cli.lines import Lines, OutputClosed, OutputFailed, Window, WriteAbandoned
-from pool._cli.joblog import HEADER, Entry, Joblog, JoblogError, escape, read_joblog
-from pool._cli.output import (Failure, Progress, json_failure, json_result, plain_failure,
+from pool._cli.joblog import COLUMNS, Entry, Joblog, JoblogError, escape, read_joblog
+from pool._cli.output import (Failure, ProgressLine, json_failure, json_result, plain_failure,
                               plain_result, summary_line, tagged)
 from pool._cli.options import Halt
 
@@ -105,7 +105,7 @@ def test_the_joblog_reads_back_what_it_wrote_last_entry_winning(tmp_path):
                Entry(2, 0.0, 0.5, "ok", 0, None, 7, 1, "", "c")], never)
     log.write([Entry(1, 0.0, 0.5, "ok", 0, None, 8, 2, "", "a\tb")], never)
     log.close()
-    assert path.read_text().splitlines()[0] == "\t".join(HEADER)
+    assert path.read_text().splitlines()[0] == "\t".join(COLUMNS)
     finished = read_joblog(str(path))
     assert finished[1].ok and finished[1].escaped_input == escape("a\tb") == "a\\tb"
     assert finished[2].ok
@@ -113,7 +113,7 @@ def test_the_joblog_reads_back_what_it_wrote_last_entry_winning(tmp_path):
 
 def test_a_joblog_cut_off_mid_line_is_read_up_to_the_cut(tmp_path):
     path = tmp_path / "log"
-    path.write_text("\t".join(HEADER) + "\n1\t0\t0\tok\t0\t-\t1\t1\t-\tx\n2\t0")
+    path.write_text("\t".join(COLUMNS) + "\n1\t0\t0\tok\t0\t-\t1\t1\t-\tx\n2\t0")
     assert list(read_joblog(str(path))) == [1]
 
 
@@ -138,7 +138,7 @@ def test_halt_by_count_and_by_percentage_once_ten_finished():
 def test_progress_draws_a_bar_on_a_terminal_and_lines_elsewhere():
     now = [0.0]
     stream = io.StringIO()
-    bar = Progress(stream, tty=True, interval=3.0, clock=lambda: now[0])
+    bar = ProgressLine(stream, tty=True, interval=3.0, clock=lambda: now[0])
     now[0] = 2.0
     bar.tick(ok=9, failed=1, running=2, total=20)
     assert stream.getvalue() == ("\r\x1b[K[##########..........] 10/20 done, 1 failed, "
@@ -146,7 +146,7 @@ def test_progress_draws_a_bar_on_a_terminal_and_lines_elsewhere():
     bar.clear()
     assert stream.getvalue().endswith("\r\x1b[K")
     plain = io.StringIO()
-    lines = Progress(plain, tty=False, interval=3.0, clock=lambda: now[0])
+    lines = ProgressLine(plain, tty=False, interval=3.0, clock=lambda: now[0])
     now[0] = 3.0
     lines.tick(ok=1, failed=0, running=1, total=None)   # only 1 s since it started
     assert plain.getvalue() == ""
@@ -309,6 +309,6 @@ def test_lines_lost_at_a_closed_output_are_dropped_and_the_written_ones_logged(t
 
 def test_a_seq_that_is_a_digit_but_not_a_number_is_not_an_entry(tmp_path):
     path = tmp_path / "log"
-    path.write_text("\t".join(HEADER) + "\n\u00b2\t0\t0\tok\t0\t-\t1\t1\t-\tx\n")
+    path.write_text("\t".join(COLUMNS) + "\n\u00b2\t0\t0\tok\t0\t-\t1\t1\t-\tx\n")
     with pytest.raises(JoblogError, match="not a job log entry"):
         read_joblog(str(path))

@@ -1,15 +1,15 @@
 """The inputs of ``python -m pool map``: command-line arguments, or records read from a
 file descriptor (standard input, or ``-a FILE``).
 
-Runs in: the command's reader thread (``read_inputs``), and its counting thread (what
-``counter`` makes, for ``--progress``: it reads with ``pread``, beside the reader).
+Runs in: the command's reader thread (``read_inputs``). For ``--progress``, what
+``counter`` makes runs in a counting thread beside the reader; it reads with ``pread``.
 Guarantees: records are read a block at a time as they are needed, never the whole input
-first, so a pipeline streams; bytes that are not UTF-8 pass through unchanged
-(``surrogateescape``). Records are split on newlines (a ``\\r`` before the newline is part
-of the line ending, and a blank line is an input, the empty string: output lines stay
-aligned with input lines) or, with ``-0``, on NUL bytes. With ``--jsonl`` each line is
+first, so a pipeline streams. Bytes that are not UTF-8 pass through unchanged
+(``surrogateescape``). Records are split on newlines, or with ``-0`` on NUL bytes. A
+``\\r`` before the newline is part of the line ending. A blank line is an input, the empty
+string, so output lines stay aligned with input lines. With ``--jsonl`` each line is
 JSON: a list is the positional arguments, an object the keyword arguments, anything else
-the one argument; blank lines are skipped, and a line that is not JSON is an input that
+the one argument. Blank lines are skipped, and a line that is not JSON is an input that
 fails with the parse error.
 """
 
@@ -103,9 +103,9 @@ def _strip_cr(line: bytes) -> bytes:
 
 
 def counter(fd: int, nul: bool, jsonl: bool) -> Callable[[], int] | None:
-    """If ``fd`` is a regular file: what counts its inputs from the current offset (so
-    that progress can show an ETA), read without moving the offset, so that it can run
-    while the inputs are read. Otherwise ``None``."""
+    """For a regular file, a function that counts its inputs from the current offset, so
+    that progress can show an ETA. It reads without moving the offset, so it can run while
+    the inputs are read. Otherwise ``None``."""
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None

@@ -1,13 +1,14 @@
 """The job log of ``python -m pool map --joblog FILE``, and reading it back for
 ``--resume`` / ``--resume-failed``.
 
-Runs in: the command's main thread. Format: tab-separated, a header line, then one line per
-finished input, written (and flushed) as the input finishes, so that the log of a run that
-was interrupted, killed or halted is complete up to that moment. Columns:
+Runs in: the command's main thread.
+Format: tab-separated: a line of column names, then one line per finished input. Each line
+is written to the file as its input finishes, so the log of a run that was interrupted,
+killed or halted is complete up to that moment. Columns:
 
 ``Seq``       the input's position (1-based)
-``Start``     when it started, seconds since the epoch (for a worker death or a timeout,
-              when it was handed to the pool: the worker could not say)
+``Start``     when it started, in seconds since the epoch. For a worker death or a
+              timeout, when it was handed to the pool: the worker could not say.
 ``Runtime``   seconds
 ``Outcome``   ``ok``, ``error`` (an exception), ``died`` (the worker died), ``timeout``,
               or ``invalid`` (an input that could not be parsed, never run)
@@ -29,9 +30,9 @@ import array
 import os
 from typing import Callable, Iterator, NamedTuple
 
-from .write import WriteFailed, write_all
+from .write import WriteFailed, write_or_give_up
 
-HEADER = ("Seq", "Start", "Runtime", "Outcome", "Exitcode", "Signal", "Pid", "Attempts",
+COLUMNS = ("Seq", "Start", "Runtime", "Outcome", "Exitcode", "Signal", "Pid", "Attempts",
           "Error", "Input")
 
 
@@ -59,8 +60,8 @@ def escape(text: str) -> str:
 
 
 class Joblog:
-    """The job log, open for appending. Every failure to write is a JoblogError; a write
-    blocked until ``give_up`` says so is a WriteAbandoned (``_cli_write``)."""
+    """The job log, open for appending. Every failure to write is a JoblogError. A write
+    blocked until ``give_up`` says so raises ``write.WriteAbandoned``."""
 
     def __init__(self, fd: int, path: str) -> None:
         self._fd = fd
@@ -68,9 +69,9 @@ class Joblog:
 
     @classmethod
     def open(cls, path: str, *, append: bool) -> Joblog:
-        """A new log at ``path``, or (``append``) the end of one being resumed. The last
-        line of a run killed while writing it is cut off first, so that the entries
-        appended start on a line of their own."""
+        """A new log at ``path``; with ``append``, the end of one being resumed. A torn
+        last line, left by a run killed while writing it, is cut off first: the new
+        entries start on a line of their own."""
         try:
             if append:
                 _cut_torn_line(path)
@@ -81,7 +82,7 @@ class Joblog:
         log = cls(fd, path)
         if not append:
             try:
-                log._put("\t".join(HEADER) + "\n", _never)
+                log._put("\t".join(COLUMNS) + "\n", _never)
             except JoblogError:
                 log.close()
                 raise
@@ -92,7 +93,7 @@ class Joblog:
 
     def _put(self, text: str, give_up: Callable[[], bool]) -> None:
         try:
-            write_all(self._fd, text.encode("utf-8", "surrogateescape"), give_up)
+            write_or_give_up(self._fd, text.encode("utf-8", "surrogateescape"), give_up)
         except WriteFailed as exc:
             raise JoblogError(f"cannot write the job log {self._path}: "
                               f"{exc.error.strerror or exc.error}") from exc.error
@@ -144,8 +145,8 @@ class Finished(NamedTuple):
     escaped_input: str
 
 
-# An entry's Seq beyond this many times its line number (plus read-ahead's worth) is not
-# from a run of this command: refused before it could make the tables below enormous.
+# An entry's Seq beyond this many times its line number, plus read-ahead's worth, is not
+# from a run of this command. It is refused before it could make the tables below huge.
 _SEQ_PER_LINE = 10
 _SEQ_SLACK = 10_000_000
 
@@ -224,7 +225,7 @@ def read_joblog(path: str) -> Logged:
     try:
         with open(path, "rb") as stream:
             first = stream.readline()
-            if tuple(_text(first).rstrip("\n").split("\t")) != HEADER:
+            if tuple(_text(first).rstrip("\n").split("\t")) != COLUMNS:
                 raise JoblogError(f"{path} is not a job log of python -m pool map "
                                   f"(its first line is not the header)")
             offset = len(first)
@@ -232,7 +233,7 @@ def read_joblog(path: str) -> Logged:
                 if not raw.endswith(b"\n"):
                     break  # the last line of a run killed while writing it: not finished
                 fields = _text(raw)[:-1].split("\t")
-                if (len(fields) != len(HEADER) or not fields[0].isascii()
+                if (len(fields) != len(COLUMNS) or not fields[0].isascii()
                         or not fields[0].isdigit()):
                     raise JoblogError(f"{path}, line {number}: not a job log entry")
                 seq = int(fields[0])

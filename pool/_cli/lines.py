@@ -6,23 +6,23 @@ Runs in: the command's main thread (``Lines``, ``Messages``, ``Window.give_back`
 reader thread (``Window.take``).
 
 Guarantees:
-- No write can keep a stop signal waiting. Every write waits for the descriptor in slices
-  (``poll``, then at most what the descriptor takes without blocking), and between slices
-  asks ``give_up``: a reader that stopped reading (``| less`` left open, a stalled pipe)
-  holds the run up only until a signal comes.
-- A job-log entry is written only once its input's line has reached standard output, so
-  the log never says an input finished whose line was lost (``--resume`` would skip it).
-- Bounded read-ahead: the reader takes a place in the window before each input, and a
-  place is given back when that input's line is written (or it needs none), so memory
-  stays flat however long the input is. No lock or ``Condition`` is shared: places come
-  back through a SimpleQueue, whose ``put`` is one C call (DESIGN, contract 9).
-- A failed write of standard output is one of three exceptions, raised here only:
-  ``OutputClosed`` (the reader has gone: ``| head``) or ``OutputFailed`` (a full disk, an
-  I/O error), after which what was not written is dropped (``dropped`` holds the entries
-  of those inputs); or ``WriteAbandoned`` (blocked, and ``give_up`` said so), after which
-  it is kept for a last try. Giving up tears no line shorter than a pipe's atomic write
-  (``PIPE_BUF``, 4 KiB on Linux): writes end at line breaks.
-  Standard error failing only loses messages.
+- No write keeps a stop signal waiting (``write.write_or_give_up``). A reader that stopped
+  reading (``| less`` left open, a stalled pipe) holds the run up only until a signal
+  comes.
+- A job-log entry is written only once its input's line has reached standard output. So
+  the log never says an input finished whose line was lost: ``--resume`` would skip it.
+- Bounded read-ahead: the reader takes a place in the window before each input. The place
+  comes back once that input's line is written, or at once if it needs none. So memory
+  stays flat however long the input is. Places come back through a SimpleQueue, whose
+  ``put`` is one C call: no lock or ``Condition`` is shared (DESIGN, contract 9).
+- A failed write of standard output raises one of three exceptions, here only:
+  ``OutputClosed`` when the reader has gone (``| head``); ``OutputFailed`` for a full disk
+  or an I/O error; ``WriteAbandoned`` when the write was blocked and ``give_up`` said so.
+  After the first two, what was not written is dropped, and ``dropped`` holds the entries
+  of those inputs. After the third, it is kept for a last try. Writes end at line breaks,
+  so giving up tears no line shorter than a pipe's atomic write (``PIPE_BUF``, 4 KiB on
+  Linux).
+- A failing standard error only loses messages.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import stat
 from typing import Callable
 
 from .joblog import Entry, Joblog
-from .write import WriteAbandoned, WriteFailed, write_all
+from .write import WriteAbandoned, WriteFailed, write_or_give_up
 
 # How long the reader waits for a place at a time, so that it sees ``stopped`` promptly.
 _TAKE_SLICE_SECONDS = 0.25
@@ -81,9 +81,9 @@ class OutputFailed(Exception):
 
 
 class Lines:
-    """Writes each input's line when its turn comes (input order), or at once
-    (``ordered=False``), then its job-log entry once the line is out. A line of ``None``
-    stands for an input that needs none (resumed past)."""
+    """Writes each input's line in input order, or at once with ``ordered=False``; then
+    its job-log entry, once the line is out. A line of ``None`` stands for an input that
+    needs none: one that ``--resume`` skips."""
 
     def __init__(self, fd: int, window: Window, *, ordered: bool, joblog: Joblog | None,
                  give_up: Callable[[], bool]) -> None:
@@ -130,8 +130,8 @@ class Lines:
             self.abandon()
             raise OutputClosed
         try:
-            write_all(self._fd, self._buffer, self._give_up)
-        except WriteAbandoned as exc:   # (the rest is kept: the run may try again)
+            write_or_give_up(self._fd, self._buffer, self._give_up)
+        except WriteAbandoned as exc:   # the rest is kept: the run may try again
             self._out(exc.written)
             raise
         except WriteFailed as exc:
@@ -163,8 +163,8 @@ class Lines:
             self.flush()
 
     def abandon(self) -> None:
-        """What could not be written is dropped, and its entries with it (those inputs
-        did not finish, as far as ``--resume`` knows); nothing more is written."""
+        """Drops what could not be written, with its entries: as far as ``--resume``
+        knows, those inputs did not finish. Nothing more is written."""
         self._abandoned = True
         self._buffer.clear()
         self.dropped.extend(entry for _, entry in self._pending)
@@ -172,8 +172,8 @@ class Lines:
 
 
 class Messages:
-    """Standard error, a message at a time; never fatal: a closed or broken standard error
-    loses the messages, and one nobody reads holds the run up only until ``give_up``."""
+    """Standard error, a message at a time. Never fatal: a closed or broken standard error
+    loses the messages. One that nobody reads holds the run up only until ``give_up``."""
 
     def __init__(self, fd: int | None, give_up: Callable[[], bool]) -> None:
         self._fd = fd
@@ -183,12 +183,12 @@ class Messages:
         if self._fd is None:
             return
         try:
-            write_all(self._fd, text.encode("utf-8", "backslashreplace"), self._give_up)
+            write_or_give_up(self._fd, text.encode("utf-8", "backslashreplace"), self._give_up)
         except (OSError, WriteAbandoned, WriteFailed):
             pass
 
     def flush(self) -> None:
-        pass   # (nothing is buffered)
+        pass   # nothing is buffered
 
     def isatty(self) -> bool:
         return self._fd is not None and os.isatty(self._fd)

@@ -1,10 +1,11 @@
-"""``python -m pool``: the demo; ``map``, which calls a Python function over inputs from
-the command line, for shell pipelines; and ``run`` (``_cli_program``), which runs a program
+"""``python -m pool``: ``demo``; ``map``, which calls a Python function over inputs from
+the command line, for shell pipelines; and ``run`` (``program``), which runs a program
 with its process pools on pool.
 
-Runs in: the main thread of a command-line process. Owns the standard descriptors,
-opening the input and the job log, and the exit status (ending by the stop signal where
-the run was stopped by one); the options are ``_cli_options``, the run ``_cli_run``.
+Owns: the standard descriptors, opening the input and the job log, and the exit status.
+A run stopped by a signal ends by that signal. ``map``'s options are in ``options``, its
+run in ``map_run``.
+Runs in: the main thread of a command-line process.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from .inputs import counter, read_inputs, records_of, records_of_arguments
 from .joblog import Joblog, JoblogError, Resume, read_joblog
 from .options import (EXIT_INTERRUPTED, EXIT_MANY_FAILED, EXIT_OK, EXIT_PIPE, EXIT_USAGE,
                       Options, build_parsers, flush_quietly, is_open)
-from .map_run import End, Outcome, Run
+from .map_run import End, Run, RunSummary
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs the command; returns its exit status. A run stopped by a signal ends the
-    process by that signal instead (once everything is cleaned up), as Python does for
-    Ctrl-C: a calling shell then knows the user interrupted, and a loop stops too."""
+    """Runs the command and returns its exit status. A run stopped by a signal instead
+    ends the process by that signal, once everything is cleaned up, as Python does for
+    Ctrl-C. A calling shell then knows the user interrupted, and a shell loop stops too."""
     try:
         status = _command(argv)
     except KeyboardInterrupt:   # before the run took the signals over (importing, opening)
@@ -39,8 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     return status
 
 
-# Statuses that stand for a signal (every other status the command uses is below 128,
-# 141 for a closed output pipe, or 255).
+# Statuses that stand for a signal. Every other status the command uses is below 128,
+# or 141 (a closed output pipe), or 255.
 _SIGNAL_OF_STATUS = {128 + signum: signum for signum in
                      (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
 
@@ -48,8 +49,8 @@ _SIGNAL_OF_STATUS = {128 + signum: signum for signum in
 def _command(argv: Sequence[str] | None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["run"]:
-        # (Before anything else: the program gets the process as it was, closed
-        # descriptors included; everything after PROGRAM is its own.)
+        # Before anything else: the program gets the process as it was, closed
+        # descriptors included. Everything after PROGRAM is the program's.
         from .program import run_program
         return run_program(arguments[1:])
     closed = _fill_closed_standard_fds()
@@ -65,16 +66,16 @@ def _command(argv: Sequence[str] | None) -> int:
 
 
 def _fill_closed_standard_fds() -> frozenset[int]:
-    """Descriptors 0, 1 and 2 that the command was started without, now /dev/null: left
-    closed, the next file or pipe opened (the pool's own) would take the number, and what
-    is meant for standard error would go into it."""
+    """Opens /dev/null on each of descriptors 0, 1 and 2 that the command was started
+    without, and returns their numbers. Left closed, a number would go to the next file or
+    pipe opened, the pool's own, and what is meant for standard error would go into it."""
     closed = frozenset(fd for fd in (0, 1, 2) if not is_open(fd))
     for fd in sorted(closed):
         null = os.open(os.devnull, os.O_RDONLY if fd == 0 else os.O_WRONLY)
         if null != fd:
             os.dup2(null, fd)
             os.close(null)
-        os.set_inheritable(fd, True)   # (the workers start with it too)
+        os.set_inheritable(fd, True)   # the workers start with it too
     return closed
 
 
@@ -86,7 +87,7 @@ def _die_by(signum: int) -> None:
         flush_quietly(stream)
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})  # (if it was blocked: now)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})  # if it was blocked, now
 
 
 def _say(text: str) -> None:
@@ -141,7 +142,7 @@ def _map(args: argparse.Namespace, closed: frozenset[int]) -> int:
     try:
         if (args.resume or args.resume_failed) and os.path.exists(args.joblog):
             resumed = read_joblog(args.joblog)
-        # (Resuming from a log not written yet runs everything: a retry loop's first turn.)
+        # Resuming from a log not written yet runs everything: a retry loop's first turn.
         if args.joblog:
             joblog = Joblog.open(args.joblog, append=resumed is not None)
     except JoblogError as exc:
@@ -157,24 +158,24 @@ def _map(args: argparse.Namespace, closed: frozenset[int]) -> int:
                 else None),
         window=args.read_ahead or max(1000, 4 * workers * args.chunksize))
     try:
-        outcome = Run(options, read_inputs(records, args.jsonl), total, stdout_fd=1,
+        summary = Run(options, read_inputs(records, args.jsonl), total, stdout_fd=1,
                       stderr_fd=None if 2 in closed else 2).run()
     finally:
         if joblog is not None:
             joblog.close()
         if fd > 0:
             os.close(fd)
-    return _exit_status(outcome)
+    return _exit_status(summary)
 
 
-def _exit_status(outcome: Outcome) -> int:
-    """The status (the run has said on standard error why it ended early)."""
-    if outcome.end is End.SIGNAL:
-        return 128 + outcome.signum
-    if outcome.end is End.OUTPUT_CLOSED:
+def _exit_status(summary: RunSummary) -> int:
+    """The exit status. The run has said on standard error why it ended early."""
+    if summary.end is End.SIGNAL:
+        return 128 + summary.signum
+    if summary.end is End.OUTPUT_CLOSED:
         return EXIT_PIPE
-    if outcome.end in (End.DONE, End.HALT):
-        if outcome.failed == 0:
+    if summary.end in (End.DONE, End.HALT):
+        if summary.failed == 0:
             return EXIT_OK
-        return EXIT_MANY_FAILED if outcome.failed > 100 else outcome.failed
+        return EXIT_MANY_FAILED if summary.failed > 100 else summary.failed
     return EXIT_USAGE   # standard output or the job log failed, bad input, a bug

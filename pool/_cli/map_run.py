@@ -1,21 +1,21 @@
 """The run of ``python -m pool map``: inputs in, jobs to the pool, results out, and how the
 run ends.
 
-Runs in: the command's main thread, plus a reader thread that turns the input into
-``Input`` records (and, for ``--progress`` on a file, one that counts them). Everything
-that happens reaches the main thread as an event on one queue: inputs and the end of the
-input from the reader, finished jobs from done-callbacks, signals from the signal
-handlers. The main thread alone decides, and alone writes (``_cli_results``).
+Runs in: the command's main thread, and a reader thread that turns the input into
+``Input`` records. With ``--progress`` on a file, a third thread counts them. Everything
+reaches the main thread as an event on one queue: inputs and their end from the reader,
+finished jobs from done-callbacks, signals from the signal handlers. The main thread
+alone decides, and alone writes (``results``).
 
 Guarantees:
-- Bounded read-ahead (``_cli_lines.Window``): memory stays flat however long the input.
+- Bounded read-ahead (``lines.Window``): memory stays flat however long the input.
 - One standard-output line per input that finished (ok or failed), in input order unless
   ``unordered``. An input the run stopped (``--halt now``, a signal, a closed output pipe)
   or never started gets no line and no job-log entry: ``--resume`` runs it again.
-- Signals are events: the handlers only count them and post them, so no exception lands
+- Signals are events: the handlers only count and post them, so no exception lands
   inside the pool's code or ours (DESIGN, contract 9). SIGINT, SIGTERM and SIGHUP end the
-  run at the loop's next turn (within ``_CHORES_SECONDS``), or at once if it is blocked
-  writing (``_cli_lines.write_all`` asks between slices); while the run ends, one more
+  run at the loop's next turn, within ``_CHORES_SECONDS``. A run blocked writing ends at
+  once: ``write.write_or_give_up`` asks between slices. While the run ends, one more
   signal gives up on writing what is left. A signal the command inherited as ignored
   (``nohup``, a background job) stays ignored.
 - Every way out, a bug of ours included, leaves no worker running: ending early terminates
@@ -73,7 +73,8 @@ class End(enum.Enum):
     INTERNAL = "an internal error"
 
 
-class Outcome(NamedTuple):
+class RunSummary(NamedTuple):
+    """What the run did and why it ended: the exit status is made from it."""
     ok: int
     failed: int
     not_finished: int     # inputs read (ahead, queued or running) that got no outcome
@@ -100,7 +101,7 @@ class Run:
         self.winding_up = False
         self.window = Window(options.window)
         messages = Messages(stderr_fd, self._give_up)
-        progress = (output.Progress(messages, tty=messages.isatty(), interval=3.0)
+        progress = (output.ProgressLine(messages, tty=messages.isatty(), interval=3.0)
                     if options.progress and stderr_fd is not None else None)
         self.stdout_is_tty = os.isatty(stdout_fd)
         self.results = Results(
@@ -112,21 +113,21 @@ class Run:
         # The total is for the progress line only: counting a long file must not delay
         # the first result, so it is counted beside the run.
         self.total = total if not callable(total) else None
-        self.counter = (threading.Thread(target=self._count, args=(total,), daemon=True,
-                                         name="pool-map-counter")
+        self.counter = (threading.Thread(target=self._count_total, args=(total,),
+                                         daemon=True, name="pool-map-counter")
                         if callable(total) and progress is not None else None)
         self.jobs: dict[Future[Any], _Job] = {}       # handed to the pool, not yet done
         self.in_pool = 0                               # inputs in those jobs
         self.batch: list[Input] = []                   # inputs gathered for the next chunk
         self.ready: collections.deque[list[Input]] = collections.deque()  # chunks to hand
-        # Chunks handed to the pool at most, running or queued there: enough that a worker
-        # never waits for the main thread to hand it more (16 per worker measured 1.6x
-        # the throughput of 4 with one input per chunk); with --halt, no more than can
-        # run, so a halt finds nothing queued that would have run after the failure.
-        self.in_flight = options.workers * (1 if options.halt is not None else 16)
-        self.read = self.skipped = 0
+        # The most chunks in the pool at once, running or queued there. 16 per worker
+        # keep each worker fed without waiting for the main thread: measured 1.6x the
+        # throughput of 4, with one input per chunk. With --halt, no more than can run:
+        # a halt then finds nothing queued that would have run after the failure.
+        self.max_jobs = options.workers * (1 if options.halt is not None else 16)
+        self.inputs_read = self.skipped = 0
         self.eof = False
-        self.halting = False
+        self.starting_stopped = False
         self.pool: ProcessPool | None = None
         self.problem: str | None = None                # why the run ended early, for stderr
         self.capture_directory = ""                    # where workers keep what inputs print
@@ -144,11 +145,11 @@ class Run:
         except BaseException as exc:  # an unreadable input ends the run, with the reason
             self.events.put(("read_error", exc))
 
-    def _count(self, count: Callable[[], int | None]) -> None:
+    def _count_total(self, count: Callable[[], int | None]) -> None:
         try:
             self.events.put(("total", count()))
         except Exception:
-            pass  # (the progress line goes without a total)
+            pass  # the progress line goes without a total
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         # Only appends and a SimpleQueue put: nothing a signal could split.
@@ -159,8 +160,8 @@ class Run:
 
     def _give_up(self) -> bool:
         """Whether a blocked write stops waiting. While the run goes on: once a signal
-        came (the loop must answer it). While it ends: the lines of what finished get
-        ``_LAST_WRITES_SECONDS`` after the first signal, or until a second one."""
+        came, since the loop must answer it. While the run ends: the lines of what
+        finished get ``_LAST_WRITES_SECONDS`` after the first signal, or until a second."""
         if not self.signals:
             return False
         if not self.winding_up:
@@ -170,10 +171,10 @@ class Run:
 
     # -- the main thread -----------------------------------------------------------------
 
-    def run(self) -> Outcome:
+    def run(self) -> RunSummary:
         previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
         for signum, handler in previous.items():
-            if handler is not signal.SIG_IGN:   # (nohup's SIGHUP stays ignored)
+            if handler is not signal.SIG_IGN:   # nohup's SIGHUP stays ignored
                 signal.signal(signum, self._on_signal)
         # Made and removed while the signals are ours: a signal cannot leave it behind.
         self.capture_directory = tempfile.mkdtemp(prefix="pool-map-")
@@ -198,8 +199,8 @@ class Run:
             shutil.rmtree(self.capture_directory, ignore_errors=True)
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
-        return Outcome(self.results.ok, self.results.failed, self._not_finished(), end,
-                       self.signals[0] if end is End.SIGNAL else 0)
+        return RunSummary(self.results.ok, self.results.failed, self._not_finished(), end,
+                          self.signals[0] if end is End.SIGNAL else 0)
 
     def _start_and_loop(self) -> End:
         options = self.options
@@ -212,11 +213,11 @@ class Run:
         return self._loop()
 
     def _end_of(self, exc: BaseException) -> End:
-        """The End an exception means (and the message that says so)."""
+        """The End an exception means; sets the message that says so."""
         if isinstance(exc, OutputClosed):
             return End.OUTPUT_CLOSED
         if isinstance(exc, WriteAbandoned):
-            return End.SIGNAL   # (blocked writing when a signal came)
+            return End.SIGNAL   # blocked writing when a signal came
         if isinstance(exc, OutputFailed):
             self.problem = f"pool map: cannot write standard output: {exc}; stopped"
             return End.OUTPUT_FAILED
@@ -224,18 +225,18 @@ class Run:
             self.problem = f"pool map: {exc}; stopped"
             return End.JOBLOG
         if not isinstance(exc, Exception):
-            raise exc   # (SystemExit and the like: not ours to explain)
+            raise exc   # SystemExit and the like: not ours to explain
         self.problem = ("pool map: internal error (a bug in pool; please report it); the "
                         "workers were stopped:\n" + "".join(traceback.format_exception(exc))
                         ).rstrip()
         return End.INTERNAL
 
     def _wind_up(self, end: End) -> End:
-        """Every worker ended, then the lines of what finished written. A signal that
-        comes now lets the teardown finish (bounded by the pool's grace periods) and
-        gives up on the writing."""
+        """Ends every worker, then writes the lines of what finished. A signal that comes
+        now gives up on the writing; the teardown still finishes, bounded by the pool's
+        grace periods."""
         self.winding_up = True
-        self.halting = True   # what finishes from now on starts nothing: no retries
+        self.starting_stopped = True   # what finishes from now on starts nothing: no retries
         self.window.stopped = True
         if self.pool is not None:
             if end is End.DONE:
@@ -250,10 +251,10 @@ class Run:
                 self._drain_finished()
             lines.put_the_rest()
             lines.flush()
-        except Exception as exc:   # (writing out what finished failed in its turn)
+        except Exception as exc:   # writing out what finished failed too
             lines.abandon()
             if end is End.INTERNAL:
-                return end         # (the first error is the one to report)
+                return end         # the first error is the one to report
             return self._end_of(exc)
         return end
 
@@ -275,19 +276,19 @@ class Run:
                 results.note(f"pool map: stopped by {signal.Signals(signum).name} ({counts})")
 
     def _not_finished(self) -> int:
-        return self.read - self.skipped - self.results.ok - self.results.failed
+        return self.inputs_read - self.skipped - self.results.ok - self.results.failed
 
     def _loop(self) -> End:
         chores_due = time.monotonic()
         while True:
-            if self.halting and not self.jobs:
+            if self.starting_stopped and not self.jobs:
                 return End.READ_ERROR if self.problem is not None else End.HALT
             if self.eof and not self.jobs and not self.batch and not self.ready:
                 return End.DONE
             if time.monotonic() >= chores_due:
                 self._chores()
                 chores_due = time.monotonic() + _CHORES_SECONDS
-            if self.signals:   # (before any event that was queued ahead of the signal's)
+            if self.signals:   # before any event queued ahead of the signal's
                 return End.SIGNAL
             try:
                 kind, value = self.events.get(block=False)
@@ -324,15 +325,16 @@ class Run:
         if results.lines.unwritten and self.stdout_is_tty:
             results.clear_progress()   # both on one terminal: the bar must not split a line
         results.lines.flush()
-        total = self.total if self.total is not None else (self.read if self.eof else None)
-        # Running: the inputs handed to the pool that its workers can hold (the rest wait
-        # in its queue, handed ahead so that no worker waits for the main thread).
+        total = (self.total if self.total is not None
+                 else self.inputs_read if self.eof else None)
+        # Running: the inputs handed to the pool that its workers can hold. The rest wait
+        # in its queue, handed ahead so that no worker waits for the main thread.
         running = min(self.in_pool, self.options.workers * self.options.chunksize)
         results.tick(running, None if total is None else total - self.skipped)
 
     def _take(self, item: Input) -> None:
-        self.read += 1
-        if self.halting:
+        self.inputs_read += 1
+        if self.starting_stopped:
             self.window.give_back()
             return
         resume = self.options.resume
@@ -349,15 +351,15 @@ class Run:
             self._hand_batch()
 
     def _hand_batch(self) -> None:
-        """Send the inputs gathered for a chunk (a partial one when the input pauses, so
-        that a slow producer's inputs do not wait for company)."""
+        """Sends the inputs gathered for a chunk. When the input pauses, a partial chunk
+        goes: a slow producer's inputs do not wait for company."""
         if self.batch:
             self.ready.append(self.batch)
             self.batch = []
         self._pump()
 
     def _pump(self) -> None:
-        while self.ready and len(self.jobs) < self.in_flight and not self.halting:
+        while self.ready and len(self.jobs) < self.max_jobs and not self.starting_stopped:
             self._hand(self.ready.popleft(), attempt=1)
 
     def _hand(self, items: list[Input], attempt: int) -> None:
@@ -390,9 +392,9 @@ class Run:
                                              report.detail, 1, None, report.pid)
                     self._fail(item, failure, job.attempt, report.start, report.runtime)
         elif isinstance(error, WorkerTerminated) or self.signals:
-            # The run ended it; or a stop signal came, which may have reached the
-            # workers' start-up helpers too (a signal to the whole process group kills the
-            # forkserver, and every worker then looks dead): stopped, not failed.
+            # Stopped, not failed: the run ended it, or a stop signal came. A signal to
+            # the whole process group also kills the forkserver, and every worker then
+            # looks dead.
             pass
         else:
             pid = getattr(error, "pid", None)
@@ -409,7 +411,7 @@ class Run:
               runtime: float) -> None:
         options = self.options
         if (attempt <= options.retries and failure.kind in options.retry_on
-                and not self.halting):
+                and not self.starting_stopped):
             self.results.note(f"pool map: input {item.seq} ({short(item.text)}) failed "
                               f"(attempt {attempt} of {options.retries + 1}), retrying: "
                               f"{failure.summary}")
@@ -422,7 +424,7 @@ class Run:
         results = self.results
         results.failed_input(item, failure, attempts, start, runtime)
         halt = self.options.halt
-        if halt is not None and not self.halting and halt.reached(results.failed,
+        if halt is not None and not self.starting_stopped and halt.reached(results.failed,
                                                                   results.ok + results.failed):
             self._halt(halt)
 
@@ -440,15 +442,15 @@ class Run:
         self._stop_starting()
 
     def _stop_starting(self) -> None:
-        self.halting = True
+        self.starting_stopped = True
         self.window.stopped = True
         self.batch, self.ready = [], collections.deque()   # never started: not finished
         for future in list(self.jobs):
-            future.cancel()   # what has not started (with soon, the running ones finish)
+            future.cancel()   # what has not started; with "soon", the running ones finish
 
     def _drain_finished(self) -> None:
-        """After the workers were ended: record what finished before the end came (and
-        count what was read)."""
+        """After the workers were ended: records what finished before the end came, and
+        counts what was read."""
         while True:
             try:
                 kind, value = self.events.get(block=False)

@@ -46,10 +46,10 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         if message.endswith("expected one argument") and any(
                 re.fullmatch(r"-\d+(\.\d*)?", argument) for argument in sys.argv[1:]):
-            # (-0 is an option, so argparse takes "-3" for one too, not for a value)
+            # -0 is an option, so argparse takes "-3" for an option too, not a value.
             message += " (negative numbers are not valid values)"
-        # (Parsing inputs and options in any order makes argparse name INPUT as required
-        # too when the function is missing; it is not.)
+        # Parsing inputs and options in any order makes argparse call INPUT required too
+        # when the function is missing. It is not.
         message = message.replace("MODULE:FUNCTION, INPUT", "MODULE:FUNCTION")
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
@@ -105,9 +105,9 @@ def flush_quietly(stream: Any) -> None:
 
 
 def _import_script(path: str) -> Any:
-    """Imports a script as the module its file name makes, from its directory, which is put
-    first on ``sys.path``: workers started by spawn or forkserver get that path too, so the
-    function travels by reference (its globals and its file names in tracebacks intact)."""
+    """Imports a script as the module its file name makes, from its directory, which goes
+    first on ``sys.path``. Workers started by spawn or forkserver get that path too, so the
+    function travels by reference: its globals and the file names in tracebacks stay."""
     if not os.path.isfile(path):
         raise argparse.ArgumentTypeError(f"cannot load {path!r}: no such file")
     directory, filename = os.path.split(os.path.abspath(path))
@@ -139,7 +139,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _count(text: str) -> int:
+def _non_negative_int(text: str) -> int:
     value = _whole_number(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
@@ -197,7 +197,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     demo = commands.add_parser("demo", help="run a batch where one task segfaults, one is "
                                "SIGKILLed and one times out; every other task succeeds")
     demo.add_argument("--start-method", choices=multiprocessing.get_all_start_methods())
-    run = commands.add_parser(
+    map_parser = commands.add_parser(
         "map", help="call a Python function on each input, in parallel",
         usage="%(prog)s [options] MODULE:FUNCTION [INPUT ...]",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -225,13 +225,13 @@ examples:
   python -m pool map ./resize.py:resize -a images.txt --joblog run.log --resume-failed
   find . -name '*.json' -print0 | python -m pool map -0 ./check.py:check --tag --halt now,fail=1
 """)
-    run.add_argument("function", type=load_function, metavar="MODULE:FUNCTION",
-                     help="an importable module's function (os.path:getsize), or a "
-                          "script's (./script.py:func)")
-    run.add_argument("inputs", nargs="*", metavar="INPUT",
-                     help="inputs, each passed as a string (default: lines of standard "
-                          "input); put -- before them if one starts with -")
-    source = run.add_argument_group("input")
+    map_parser.add_argument("function", type=load_function, metavar="MODULE:FUNCTION",
+                            help="an importable module's function (os.path:getsize), or a "
+                                 "script's (./script.py:func)")
+    map_parser.add_argument("inputs", nargs="*", metavar="INPUT",
+                            help="inputs, each passed as a string (default: lines of "
+                                 "standard input); put -- before them if one starts with -")
+    source = map_parser.add_argument_group("input")
     source.add_argument("-a", "--arg-file", metavar="FILE",
                         help="read the inputs from FILE instead of standard input")
     source.add_argument("-0", "--null", action="store_true",
@@ -240,7 +240,7 @@ examples:
                         help="each line is JSON: a list is the positional arguments, an "
                              "object the keyword arguments, anything else the one argument; "
                              "blank lines are skipped")
-    out = run.add_argument_group("output")
+    out = map_parser.add_argument_group("output")
     out.add_argument("--unordered", action="store_true",
                      help="print each line as its input finishes (default: input order)")
     out.add_argument("--tag", action="store_true",
@@ -253,11 +253,11 @@ examples:
     out.add_argument("--progress", action="store_true",
                      help="show done, failed, rate and ETA on standard error (a bar on a "
                           "terminal, a line every 3 s otherwise), then a summary line")
-    fail = run.add_argument_group("failures")
+    fail = map_parser.add_argument_group("failures")
     fail.add_argument("--timeout", type=_seconds, metavar="S",
                       help="stop an input that runs longer than S seconds: it fails with "
                            "the stack it was stuck in (with --chunksize N: N*S per chunk)")
-    fail.add_argument("--retries", type=_count, default=0, metavar="N",
+    fail.add_argument("--retries", type=_non_negative_int, default=0, metavar="N",
                       help="run a failed input up to N more times (see --retry-on)")
     fail.add_argument("--retry-on", type=_retry_kinds, default=frozenset(RETRY_KINDS),
                       metavar="KINDS",
@@ -268,7 +268,7 @@ examples:
                       help="stop after N failed inputs (or P%% of those finished, once 10 "
                            "have): soon lets running inputs finish, now stops them at once; "
                            "nothing more is started")
-    record = run.add_argument_group("job log")
+    record = map_parser.add_argument_group("job log")
     record.add_argument("--joblog", metavar="FILE",
                         help="write a tab-separated line per finished input: Seq, Start, "
                              "Runtime, Outcome, Exitcode, Signal, Pid, Attempts, Error, Input")
@@ -279,7 +279,7 @@ examples:
     resume.add_argument("--resume-failed", action="store_true",
                         help="with --joblog: skip the inputs the log says succeeded; run the "
                              "failed ones again and the rest")
-    tuning = run.add_argument_group("pool")
+    tuning = map_parser.add_argument_group("pool")
     tuning.add_argument("-j", "--jobs", "--workers", dest="workers", type=_positive_int,
                         metavar="N", help="worker processes (default: the CPUs available)")
     tuning.add_argument("--chunksize", type=_positive_int, default=1, metavar="N",
@@ -290,11 +290,11 @@ examples:
                         help="inputs read ahead of the output (default: 1000, or 4 per "
                              "worker per chunk if more)")
     tuning.add_argument("--start-method", choices=multiprocessing.get_all_start_methods())
-    # (Only for --help: ``run`` is parsed by _cli_program, since everything after its
-    # PROGRAM belongs to the program.)
+    # Only for --help: ``program`` parses ``run`` itself, since everything after its
+    # PROGRAM belongs to the program.
     commands.add_parser("run", add_help=False,
                         help="run a program with its process pools on pool (run --help)")
-    return parser, run
+    return parser, map_parser
 
 
 # ``--halt ...,fail=P%`` is judged once this many inputs have finished (fewer prove nothing).
@@ -316,7 +316,7 @@ class Halt(NamedTuple):
 
 @dataclasses.dataclass
 class Options:
-    """What the command line asked for, checked and resolved (``_cli``)."""
+    """What the command line asked for, checked and resolved by ``main``."""
     function: Callable[..., Any]
     workers: int
     chunksize: int

@@ -2,15 +2,16 @@
 error what the function printed, the failures, and the progress line.
 
 Runs in: the command's main thread (the only writer of both streams).
-Guarantees: every line on standard output is exactly one input's (the line breaks inside a
-result are written as ``\\n`` / ``\\r``); in the plain form a failed input's line starts
-with ``!`` and a result's never does (a result that starts with ``!`` gets a backslash
-before it), so ``grep -v '^!'`` keeps exactly the results. ``--json`` is lossless.
+Guarantees: each line on standard output is exactly one input's: line breaks inside a
+result are written as ``\\n`` and ``\\r``. In the plain form a failed input's line starts
+with ``!`` and a result's never does: a result that starts with ``!`` gets a backslash
+before it. So ``grep -v '^!'`` keeps exactly the results. ``--json`` is lossless.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any, Callable, NamedTuple, Protocol
 
@@ -21,7 +22,7 @@ from .._errors import TaskTimeout, WorkerDied, describe_exit
 
 class Failure(NamedTuple):
     """Why an input failed, in the terms the output and the job log use."""
-    kind: str           # "error", "died", "timeout" or "invalid" (the job log's Outcome)
+    kind: str           # "error", "died", "timeout" or "invalid": the job log's Outcome
     error_type: str     # "ValueError", "WorkerDied", ...
     summary: str        # one line: "ValueError: invalid literal ..."
     detail: str         # what stderr shows below the summary (traceback, crash report)
@@ -31,9 +32,9 @@ class Failure(NamedTuple):
 
 
 def failure_of(error: BaseException) -> Failure:
-    """A pool-level failure (the whole job failed) in the output's terms."""
+    """A failure of the whole job, raised by the pool, in the output's terms."""
     if isinstance(error, WorkerDied):
-        # A signal's death has no exit code (the Signal column says which signal).
+        # A death by a signal has no exit code: the Signal column names the signal.
         code = error.exitcode if error.exitcode is not None and error.exitcode >= 0 else None
         return Failure("died", "WorkerDied",
                               f"WorkerDied: worker pid {error.pid} died "
@@ -55,7 +56,11 @@ def without_our_frames(stack: str) -> str:
     """A worker's stack without the frames of the code that calls the user's function,
     which say nothing about the input."""
     return "".join(line for line in stack.splitlines(keepends=True)
-                   if "_cli_task.py" not in line)
+                   if _TASK_FILE not in line)
+
+
+# The file of ``task``, which calls the user's function in the worker.
+_TASK_FILE = os.path.join(os.sep + "_cli", "task.py")
 
 
 def one_line(text: str) -> str:
@@ -98,7 +103,7 @@ class TextSink(Protocol):
     def flush(self) -> Any: ...
 
 
-class Progress:
+class ProgressLine:
     """The ``--progress`` line on standard error: a bar redrawn in place on a terminal, a
     plain line every ``interval`` seconds otherwise, and a summary at the end."""
 
@@ -127,7 +132,7 @@ class Progress:
         self._stream.flush()
 
     def clear(self) -> None:
-        """Before other text goes to the terminal: erase the bar (the next tick redraws)."""
+        """Erases the bar before other text goes to the terminal; the next tick redraws."""
         if self._drawn:
             self._stream.write("\r\x1b[K")
             self._drawn = False

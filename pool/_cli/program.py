@@ -6,9 +6,9 @@ Runs in: the main thread of the command-line process, which it replaces (``exec`
 program keeps the pid, the standard descriptors, the signals and the exit status, as if it
 had been started directly.
 Guarantees: the program starts with ``pool/_startup`` first on ``PYTHONPATH`` and
-``POOL_PATCH`` naming this interpreter; its start-up hook (``sitecustomize`` there)
-patches every process of this interpreter that inherits them, and says so on standard
-error when the program itself turns out to run on another Python.
+``POOL_PATCH`` naming this interpreter. The start-up hook there (``sitecustomize``)
+patches every process of this interpreter that inherits them. If the program itself runs
+on another Python, the hook says so on standard error.
 """
 
 from __future__ import annotations
@@ -52,11 +52,11 @@ examples:
   python -m pool run ./report.py --input data.csv
 """
 
-EXIT_NOT_FOUND = 127     # (as a shell says it)
+EXIT_NOT_FOUND = 127     # as a shell says it
 EXIT_NOT_RUNNABLE = 126
 
-# Variable the start-up hook reads to know the process it runs in is the program itself
-# (the same pid, across ``exec``), to say when that program is not this interpreter.
+# The program's pid, which ``exec`` keeps. The start-up hook compares it with its own to
+# know it runs in the program itself, and then says if that is not on this interpreter.
 PROGRAM_PID_VARIABLE = "POOL_RUN_PID"
 
 STARTUP_DIRECTORY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -108,23 +108,24 @@ def run_program(arguments: Sequence[str]) -> int:
         if program.endswith(_PYTHON_SUFFIXES) or os.path.isdir(program):
             return by_python()
         return _exec(program, [program, *rest])
-    # A bare name: as python would take app.py (from here), as a shell would take black
-    # (from PATH); a name that is neither, from wherever it is.
+    # A bare name: app.py from here, as python takes it; black from PATH, as a shell
+    # does. A name that is neither, from wherever it is.
     if os.path.exists(program) and program.endswith(_PYTHON_SUFFIXES):
         return by_python()
     found = shutil.which(program)
     if found is not None:
         return _exec(found, [program, *rest])
     if program.endswith(_PYTHON_SUFFIXES) or os.path.isdir(program):
-        return by_python()   # (python says what is wrong with it)
+        return by_python()   # python says what is wrong with it
     _say(f"python -m pool run: {program}: command not found")
     return EXIT_NOT_FOUND
 
 
 def _exec(path: str, argv: list[str]) -> int:
     environment = dict(os.environ)
-    # Put first, once (a pool run inside a pool run does not grow the path); the others
-    # as they were, empty ones included (an empty entry is the working directory).
+    # Ours goes first, once: a pool run inside a pool run does not grow the path. The
+    # other entries stay as they were, empty ones too: an empty one is the working
+    # directory.
     given = environment.get("PYTHONPATH", "")
     others = [entry for entry in given.split(os.pathsep)
               if not entry or os.path.abspath(entry) != STARTUP_DIRECTORY] if given else []
@@ -133,9 +134,10 @@ def _exec(path: str, argv: list[str]) -> int:
     environment[PROGRAM_PID_VARIABLE] = str(os.getpid())
     for stream in (sys.stdout, sys.stderr):
         flush_quietly(stream)
-    # What Python set for itself goes back to what a program started from a shell has:
-    # SIGPIPE and SIGXFSZ ignored (subprocess restores them too). (Handled signals, as
-    # SIGINT, are reset by exec itself; an ignored SIGINT stays ignored, as it should.)
+    # Python ignores SIGPIPE and SIGXFSZ for itself. The program gets their defaults
+    # back, as a program started from a shell has them; subprocess restores them too.
+    # Handled signals, such as SIGINT, are reset by exec itself. An ignored SIGINT stays
+    # ignored, as it should.
     for name in ("SIGPIPE", "SIGXFSZ"):
         signum = getattr(signal, name, None)
         if signum is not None:
@@ -150,14 +152,14 @@ def _exec(path: str, argv: list[str]) -> int:
             os.execve("/bin/sh", ["sh", path, *argv[1:]], environment)
     except OSError as exc:
         _say(f"python -m pool run: {argv[0]}: {exc.strerror}")
-        # (As a shell: 127 for what is not there, the program or its #! interpreter.)
+        # As a shell does: 127 when the program or its #! interpreter is not there.
         return EXIT_NOT_FOUND if exc.errno == errno.ENOENT else EXIT_NOT_RUNNABLE
-    raise AssertionError("execve returned")   # (it only returns by raising)
+    raise AssertionError("execve returned")   # it only returns by raising
 
 
 def _is_text(path: str) -> bool:
-    """What a shell checks before it runs a file with sh: no NUL byte in its first line
-    (a program built for another machine is not one)."""
+    """Whether the file is text, as a shell checks before it runs one with sh: no NUL
+    byte in its first line. A program built for another machine is not text."""
     try:
         with open(path, "rb") as program:
             head = program.read(256)
@@ -167,10 +169,10 @@ def _is_text(path: str) -> bool:
 
 
 def _flags() -> list[str]:
-    """The options this interpreter was started with, for the program it runs: as given
-    (``-u``, ``-X int_max_str_digits=...``, ``-W error``), read back from
-    ``sys.orig_argv`` up to what it ran (``-m pool``, or the ``pool`` script); those that
-    would keep the patch out are left out, with a word on standard error."""
+    """The options this interpreter was started with, as given (``-u``,
+    ``-X int_max_str_digits=...``, ``-W error``), for the program it runs. They are read
+    back from ``sys.orig_argv``, up to what it ran (``-m pool``, or the ``pool`` script).
+    Those that would keep the patch out are left out, with a word on standard error."""
     flags, left_out = interpreter_options(sys.orig_argv[1:])
     if left_out:
         _say(f"python -m pool run: not passed on to the program: {' '.join(left_out)} "

@@ -20,7 +20,7 @@ from .task import Report
 
 class Results:
     def __init__(self, lines: Lines, messages: Messages, *, as_json: bool, tag: bool,
-                 progress: output.Progress | None) -> None:
+                 progress: output.ProgressLine | None) -> None:
         self.lines = lines
         self.messages = messages
         self.as_json = as_json

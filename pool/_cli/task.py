@@ -3,12 +3,12 @@
 Runs in: a worker process (``setup_worker`` as the pool's initializer, ``run_job`` as the
 task), except ``take_capture``, which the command calls when a worker was lost.
 Guarantees: the worker never writes to the command's standard output, which carries
-results only. While an input runs, file descriptors 1 and 2 point at the worker's capture
-file (in a directory the command made), so everything the function prints, through
-``sys.stdout``, C code or a child process, is kept with that input; ``sys.stdout.fileno()``
-works. The capture is read back into the input's report; if the worker dies or is killed
-mid-input, the command reads the file itself (``take_capture``), so the output that led to
-a crash is not lost. Between inputs, 1 and 2 are the command's standard error.
+results only. While an input runs, descriptors 1 and 2 point at the worker's capture file,
+in a directory the command made. So all the function prints is kept with that input,
+whether through ``sys.stdout``, C code or a child process; ``sys.stdout.fileno()`` works.
+The capture is read back into the input's report. If the worker dies or is killed
+mid-input, the command reads the file itself (``take_capture``): the output that led to a
+crash is not lost. Between inputs, 1 and 2 are the command's standard error.
 
 An exception is reported, not raised, so the other inputs of a chunk still run. The value
 is rendered to text here, in parallel; rendering never fails an input.
@@ -75,8 +75,8 @@ def _run_one(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         runtime = time.perf_counter() - clock
         output = _end_capture()
         below = exc.__traceback__.tb_next if exc.__traceback__ else None
-        # The first frame is _run_one's: the user's traceback starts below it, and only a
-        # traceback with frames of the user's (or a chain) says more than the summary.
+        # The first frame is _run_one's: the user's traceback starts below it. Only a
+        # traceback with frames of the user's, or a chain, says more than the summary.
         detail = ("".join(traceback.format_exception(type(exc), exc, below))
                   if below is not None or exc.__cause__ or exc.__context__ else "")
         return Report(False, summary(exc), type(exc).__name__, detail, output,
@@ -95,7 +95,7 @@ def _flush_standard_streams() -> None:
 
 
 def _begin_capture() -> None:
-    if _Capture.fd < 0:   # (run_job called outside the command: nothing to capture)
+    if _Capture.fd < 0:   # run_job called outside the command: nothing to capture
         return
     _flush_standard_streams()
     os.ftruncate(_Capture.fd, 0)
@@ -154,13 +154,13 @@ def render(value: Any, as_json: bool) -> str:
 
 
 def to_json(value: Any) -> str:
-    """Strict JSON text, non-ASCII characters as themselves. A string holding bytes that
-    were not UTF-8 (lone surrogates, from ``surrogateescape``) is escaped (``\\udcff``), so
-    the line stays valid UTF-8 and the bytes can be recovered; NaN and infinities, which
-    JSON lacks, become the strings ``"nan"``, ``"inf"`` and ``"-inf"`` where they are."""
+    """Strict JSON text, with non-ASCII characters as themselves. A string that holds bytes
+    that were not UTF-8 (lone surrogates from ``surrogateescape``) is escaped as
+    ``\\udcff``: the line stays valid UTF-8 and the bytes can be recovered. NaN and the
+    infinities, which JSON lacks, become the strings ``"nan"``, ``"inf"`` and ``"-inf"``."""
     try:
         text = json.dumps(value, default=_repr, ensure_ascii=False, allow_nan=False)
-    except ValueError:   # (a float JSON cannot hold, somewhere inside)
+    except ValueError:   # a float JSON cannot hold, somewhere inside
         value = _finite(value)
         text = json.dumps(value, default=_repr, ensure_ascii=False, allow_nan=False)
     try:

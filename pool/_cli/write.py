@@ -1,12 +1,11 @@
-"""Writing to a descriptor that may block (a pipe nobody reads, a stalled terminal)
-without keeping a stop signal waiting: the command's output, messages and job log.
+"""Writing the command's output, messages and job log to a descriptor that may block (a
+pipe nobody reads, a stalled terminal) without keeping a stop signal waiting.
 
 Runs in: the command's main thread.
-Guarantees: ``write_all`` waits for the descriptor in slices (``poll``), then writes at
-most what it takes without blocking, and between slices asks ``give_up``; once that says
-yes it waits no more at all (DESIGN, contract 9, for writes: a signal handler only
-records the signal, so a write blocked in the kernel would otherwise be retried
-forever).
+Guarantees: ``write_or_give_up`` waits for the descriptor in slices (``poll``), then writes
+only what the descriptor takes without blocking. Between slices it asks ``give_up``; once
+that says yes, it stops waiting. This is DESIGN contract 9 for writes: a signal handler
+only records the signal, so a write blocked in the kernel would be retried forever.
 """
 
 from __future__ import annotations
@@ -23,9 +22,9 @@ _BLOCK_BYTES = 1 << 16
 
 
 class WriteAbandoned(Exception):
-    """A write was blocked and ``give_up`` said to stop waiting; ``written`` bytes of it
-    had been written (up to a line break, where lines are shorter than a pipe's atomic
-    write)."""
+    """A write was blocked and ``give_up`` said to stop waiting. ``written`` bytes of it
+    were written; they end at a line break if lines are shorter than a pipe's atomic
+    write."""
 
     def __init__(self, written: int) -> None:
         super().__init__(written)
@@ -41,7 +40,7 @@ class WriteFailed(Exception):
         self.error = error
 
 
-def write_all(fd: int, data: bytes | bytearray, give_up: Callable[[], bool]) -> None:
+def write_or_give_up(fd: int, data: bytes | bytearray, give_up: Callable[[], bool]) -> None:
     """All of ``data`` to ``fd``, never blocked for longer than a slice at a time, and not
     at all once ``give_up`` says so. Raises WriteAbandoned or WriteFailed."""
     written = 0
@@ -50,15 +49,16 @@ def write_all(fd: int, data: bytes | bytearray, give_up: Callable[[], bool]) -> 
     # What one write takes without blocking once poll says writable: a pipe or socket
     # guarantees PIPE_BUF; a file or terminal takes a block.
     piece = select.PIPE_BUF if _is_pipe_or_socket(fd) else _BLOCK_BYTES
-    with memoryview(data) as whole:   # (released on the way out: the caller resizes data)
+    with memoryview(data) as whole:   # released on the way out: the caller resizes data
         while written < len(whole):
             if not poller.poll(0 if give_up() else _WRITE_SLICE_MS):
                 if give_up():
                     raise WriteAbandoned(written)
                 continue
             end = min(written + piece, len(whole))
-            if end < len(whole):   # end each write at a line break where there is one,
-                newline = data.rfind(b"\n", written, end)   # so giving up tears no line
+            # End each write at a line break, if there is one: giving up tears no line.
+            if end < len(whole):
+                newline = data.rfind(b"\n", written, end)
                 if newline >= 0:
                     end = newline + 1
             try:

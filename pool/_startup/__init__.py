@@ -1,3 +1,3 @@
 """The directory ``python -m pool run`` puts first on ``PYTHONPATH`` for the programs it
-runs: it holds only ``sitecustomize``, the start-up hook. (A package so that it installs
-with pool; nothing imports it as ``pool._startup``.)"""
+runs. It holds only ``sitecustomize``, the start-up hook. It is a package so that it
+installs with pool; nothing imports it as ``pool._startup``."""

@@ -2,17 +2,17 @@
 ``PYTHONPATH`` imports this module as ``sitecustomize`` while it starts (``site`` does).
 
 Runs in: any Python process that inherits the environment, in its main thread, before the
-program's own code; possibly another interpreter, so it uses only what every Python 3 has,
-and it imports nothing of pool (a program may have a module of its own named ``pool``).
+program's own code. That may be another interpreter, so it uses only what every Python 3
+has. It imports nothing of pool: a program may have a module of its own named ``pool``.
 Guarantees: in the interpreter ``POOL_PATCH`` names, and only there,
-``concurrent.futures.process.ProcessPoolExecutor`` (and so ``concurrent.futures``'s) gives
-``pool._patched.ProcessPoolExecutor`` once the module is imported: pool is imported at the
+``concurrent.futures.process.ProcessPoolExecutor`` gives ``pool._patched.ProcessPoolExecutor``
+once the module is imported, and so does ``concurrent.futures``'s. pool is imported at the
 first lookup of the name, not before. Every process then goes on as if this module were
-not there: its directory leaves ``sys.path``, and the ``sitecustomize`` it shadows (a
-distribution's or a virtual environment's) is imported in its place, with its errors
+not there. Its directory leaves ``sys.path``. The ``sitecustomize`` it shadows, a
+distribution's or a virtual environment's, is imported in its place, with its errors
 reported as ``site`` reports them. It never keeps a program from starting.
-Assumes: ``pool/_patch.py`` names this interpreter the same way (``interpreter_key``; the
-tests compare the two).
+Assumes: ``pool/_patch.py`` names this interpreter the same way (``interpreter_key``); the
+tests compare the two.
 """
 
 import os
@@ -30,8 +30,8 @@ def _start():  # type: () -> None
     key = "%d.%d%s:%s" % (sys.version_info[0], sys.version_info[1],
                           getattr(sys, "abiflags", ""), sys.prefix)
     wanted = os.environ.get("POOL_PATCH")
-    # The program itself (the pid pool run had, kept across exec) says if it is not the
-    # interpreter pool run patches; the processes it starts say nothing.
+    # The program itself, which has the pid pool run had (exec keeps it), says if it is
+    # not on the interpreter pool run patches. The processes it starts say nothing.
     if os.environ.get("POOL_RUN_PID") == str(os.getpid()):
         del os.environ["POOL_RUN_PID"]
         if wanted and wanted != key:
@@ -39,7 +39,7 @@ def _start():  # type: () -> None
                  "python -m pool run (%s): its process pools are not pool's"
                  % (sys.executable, key, wanted))
     if wanted == key:
-        if _PROCESS_MODULE in sys.modules:   # (a .pth file imported it)
+        if _PROCESS_MODULE in sys.modules:   # a .pth file imported it
             _take_over(sys.modules[_PROCESS_MODULE])
         else:
             sys.meta_path.insert(0, _PatchWhenImported())
@@ -55,15 +55,16 @@ def _take_over(module):  # type: (object) -> None
         if name != _NAME:
             raise AttributeError("module %r has no attribute %r" % (_PROCESS_MODULE, name))
         found = _pool_class(original)
-        if namespace.get("__getattr__") is __getattr__:   # (unless undone meanwhile)
-            namespace[_NAME] = found   # (later lookups do not come here)
+        if namespace.get("__getattr__") is __getattr__:   # unless undone meanwhile
+            namespace[_NAME] = found   # later lookups do not come here
         return found
 
     namespace["__getattr__"] = __getattr__
 
 
 def _pool_class(original):  # type: (object) -> object
-    """pool's class, from the pool this hook belongs to; else, said why, the stdlib's."""
+    """pool's class, from the pool this hook belongs to. Else the stdlib's, with a word on
+    why."""
     try:
         if not _import_this_pool():
             _say("pool: this program has a module of its own named pool, so its process "
@@ -71,7 +72,7 @@ def _pool_class(original):  # type: (object) -> object
             return original
         from pool._patched import ProcessPoolExecutor
         return ProcessPoolExecutor
-    except Exception as exc:   # (never keep the program from running)
+    except Exception as exc:   # never keep the program from running
         _say("pool: python -m pool run cannot patch this process (%s: %s)"
              % (type(exc).__name__, exc))
         return original
@@ -90,8 +91,8 @@ def _import_this_pool():  # type: () -> bool
             return False
         __import__("pool")
         return True
-    # Not importable from the program's path (pool run from a source tree, say): from
-    # where this hook is, without changing the path.
+    # Not importable from the program's path, as when pool runs from a source tree: import
+    # it from where this hook is, without changing the path.
     spec = importlib.util.spec_from_file_location(
         "pool", os.path.join(_POOL_PACKAGE, "__init__.py"),
         submodule_search_locations=[_POOL_PACKAGE])
@@ -113,10 +114,10 @@ def _is_this_pool(path):  # type: (object) -> bool
 
 
 class _PatchWhenImported(object):
-    """A meta path finder that finds nothing itself: it has the finders after it find
-    ``concurrent.futures.process``, and patches the module once its code has run; then it
-    leaves the import system (``sys.meta_path`` is rebound, not changed in place: another
-    thread may be going through it)."""
+    """A meta path finder that finds nothing itself. It has the finders after it find
+    ``concurrent.futures.process``, and patches the module once its code has run. Then it
+    leaves the import system: ``sys.meta_path`` is rebound, not changed in place, since
+    another thread may be going through it."""
 
     def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
         if name != _PROCESS_MODULE:
@@ -163,24 +164,24 @@ class _LoaderThenPatch(object):
 def _import_the_shadowed_sitecustomize():  # type: () -> None
     this = sys.modules.pop("sitecustomize", None)
     try:
-        __import__("sitecustomize")   # (the one this module shadows, if any)
+        __import__("sitecustomize")   # the one this module shadows, if any
     except ImportError as exc:
-        # (The import that runs this module takes sys.modules["sitecustomize"] as its
-        # result when this module ends: it must hold a module.)
+        # The import that runs this module takes sys.modules["sitecustomize"] as its
+        # result when this module ends: it must hold a module.
         if this is not None:
             sys.modules["sitecustomize"] = this
-        if getattr(exc, "name", "sitecustomize") != "sitecustomize":  # (no name: 2.7)
+        if getattr(exc, "name", "sitecustomize") != "sitecustomize":  # no name: 2.7
             raise
 
 
 def _say(text):  # type: (str) -> None
     try:
-        if sys.stderr is not None:   # (a program started with standard error closed)
+        if sys.stderr is not None:   # None: started with standard error closed
             sys.stderr.write(text + "\n")
             sys.stderr.flush()
     except Exception:
         pass
 
 
-if __name__ == "sitecustomize":   # (not when a tool imports pool._startup.sitecustomize)
+if __name__ == "sitecustomize":   # not when a tool imports pool._startup.sitecustomize
     _start()

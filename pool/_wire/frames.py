@@ -5,10 +5,10 @@ replies), the worker's blocking ``FrameStream`` and the dispatcher's non-blockin
 ``FrameReader``.
 Runs in: the dispatcher thread (``FrameReader``, writes), its large-frame writer threads
 (``write_all``) and the worker (``FrameStream``, ``write_frame``).
-Guarantees: the parent never blocks reading a worker (``FrameReader`` only reads what is
-there); bytes that are not a frame are reported as an error, never trusted, and a length
-header is never believed beyond the machine's memory; a reply that this process has no
-memory for is read to its end and thrown away (``Unreceivable``), failing its task alone.
+Guarantees: the parent never blocks reading a worker: ``FrameReader`` only reads what is
+there. Bytes that are not a frame are reported as an error, never trusted. A length in a
+header is never believed beyond the machine's memory. A reply this process has no memory
+for is read to its end and thrown away (``Unreceivable``): it fails its task alone.
 Assumes: each pipe has one writer (the worker or the dispatcher), so frames never interleave.
 
 A frame is a fixed header -- magic, kind, task id, body length -- and then the body::
@@ -45,12 +45,12 @@ class Kind(enum.IntEnum):
     CALL = 1          # body: encode_call(...)
     READY = 2         # the worker is up and its initializer succeeded; empty body
     RESULT = 3        # body: the pickled return value
-    RAISED = 4        # body: encode_exception(...) (also: the return value did not pickle)
+    RAISED = 4        # body: encode_exception(...); also when the return value did not pickle
     INIT_FAILED = 6   # body: encode_exception(...) of the initializer's exception
     OVER_MEMORY = 7   # body: resident bytes, as u64; sent just before the reply it follows
 
 
-# Kind by its byte, looked up per frame (``Kind(byte)`` costs a microsecond, a dict 30 ns).
+# Kind by its byte, looked up per frame: Kind(byte) costs a microsecond, a dict 30 ns.
 _KIND_OF = {kind.value: kind for kind in Kind}
 
 
@@ -59,8 +59,8 @@ class MalformedFrame(Exception):
 
 
 class Unreceivable(NamedTuple):
-    """The body of a reply the parent had no memory for: read to its end and thrown away
-    (the worker did nothing wrong, and goes on), so its task fails, alone."""
+    """The body of a reply the parent had no memory for. It was read to its end and thrown
+    away; its task alone fails. The worker did nothing wrong, and goes on."""
     length: int
     why: str
 
@@ -74,14 +74,14 @@ class Frame(NamedTuple):
 # --- blocking frame I/O (worker side, and the dispatcher's writes) -----------------------
 
 def write_all(fd: int, parts: list[Any]) -> None:
-    """Write every part (bytes-like), blocking. If BrokenPipeError is raised, ``parts``
-    holds what was not written (the first of them perhaps in part)."""
+    """Writes every part (bytes-like), blocking. If BrokenPipeError is raised, ``parts``
+    holds what was not written; its first item may be the rest of a part."""
     while parts:
         _drop_written(parts, os.writev(fd, parts[:1024]))  # IOV_MAX
 
 
 def _drop_written(parts: list[Any], written: int) -> None:
-    """Take the first ``written`` bytes off ``parts`` (the last of them perhaps in part)."""
+    """Takes the first ``written`` bytes off ``parts``; the last may be cut in two."""
     while parts and written >= len(parts[0]):
         written -= len(parts[0])
         parts.pop(0)
@@ -100,8 +100,8 @@ def write_frame(fd: int, kind: Kind, task_id: int, body: bytes | Buffers = b"") 
 
 
 def write_frames(fd: int, kind: Kind, frames: list[tuple[int, Buffers]]) -> int:
-    """Write several frames with as few system calls as the pipe allows; returns how many
-    were written whole (fewer only if the reader went away: BrokenPipeError is caught)."""
+    """Writes several frames with as few system calls as the pipe allows. Returns how many
+    were written whole: fewer only if the reader went away (BrokenPipeError is caught)."""
     if len(frames) == 1 and len(frames[0][1]) < 1023:  # the usual case: one writev
         task_id, body = frames[0]
         length = size_of(body)
@@ -138,11 +138,11 @@ def _kind(value: int) -> Kind:
 
 
 class FrameStream:
-    """Blocking frame reader for the worker. From a packet-mode pipe each read takes one
-    frame, so the frames behind it stay in the pipe, where the parent can take them back;
-    from a plain pipe, one read takes what is there. A large body is not read here: the
-    frame carries a ``BodyReader``, so that unpickling it reads large byte strings straight
-    from the pipe into the objects the unpickler makes (no buffer in between)."""
+    """The worker's blocking frame reader. From a packet-mode pipe each read takes one
+    frame, so the frames behind it stay in the pipe, where the parent can take them back.
+    From a plain pipe, one read takes what is there. A large body is not read here: the
+    frame carries a ``BodyReader``. Unpickling from it reads large byte strings straight
+    from the pipe into the objects the unpickler makes, with no buffer in between."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -196,8 +196,8 @@ class FrameStream:
 
 
 class BodyReader:
-    """A large frame body, still in the pipe, read as a binary file (``pickle.load`` reads
-    a large byte string with ``readinto`` into the bytes object it will return)."""
+    """A large frame body, still in the pipe, read as a binary file. ``pickle.load`` reads
+    a large byte string with ``readinto``, straight into the bytes object it returns."""
 
     def __init__(self, stream: FrameStream, length: int) -> None:
         self._stream = stream
@@ -275,7 +275,8 @@ class FrameReader:
     def _discard(self, frames: list[Frame]) -> None:
         assert self._discarding is not None
         kind, task_id, left, body = self._discarding
-        try:  # (one buffer for the whole frame: little is allocated while memory is short)
+        # One buffer for the whole frame: little is allocated while memory is short.
+        try:
             if self._scratch is None:
                 self._scratch = bytearray(_READ_CHUNK)
         except MemoryError:
@@ -321,7 +322,7 @@ class FrameReader:
                     # where bytearray(length) would first write every byte itself.
                     body = mmap.mmap(-1, length)
                 except (MemoryError, OSError) as exc:
-                    if length > _PHYSICAL_MEMORY or kind not in _OUTCOMES:
+                    if length > _PHYSICAL_MEMORY or kind not in _OUTCOME_KINDS:
                         self.error = f"a frame of {length} bytes, more than memory can hold"
                         return
                     # A reply the machine could hold, but this process has no memory for
@@ -346,7 +347,7 @@ class FrameReader:
 
 
 _KINDS_FROM_WORKER = frozenset(k.value for k in Kind if k is not Kind.CALL)
-_OUTCOMES = frozenset({Kind.RESULT.value, Kind.RAISED.value})
+_OUTCOME_KINDS = frozenset({Kind.RESULT.value, Kind.RAISED.value})
 
 
 def _physical_memory() -> int:

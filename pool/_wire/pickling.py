@@ -6,7 +6,7 @@ Runs in: callers' threads (pickling a call), the dispatcher thread (decoding rep
 the worker (decoding calls, encoding outcomes).
 Guarantees: anything that fails to pickle or unpickle becomes a per-task error that names
 what failed; a body that is not the pool's own envelope raises ``MalformedFrame``.
-Assumes: bodies come whole from ``_frames`` (a ``BodyReader`` for a large call).
+Assumes: bodies come whole from ``frames``, or as a ``BodyReader`` for a large call.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from .frames import BodyReader, Buffers, Frame, Kind, MalformedFrame, Unreceivab
 if TYPE_CHECKING:
     from .._errors import ArgumentPicklingError
 
-# cloudpickle, tblib and the pool's errors are imported where they are first needed, not
-# here: a worker imports this module at its start, and one whose tasks are pickled by
-# reference and return and raise nothing unusual needs none of them (under spawn and
-# forkserver each worker start paid about 20 ms for them).
+# cloudpickle, tblib and the pool's errors are imported where first needed, not here. A
+# worker imports this module at its start, and one whose tasks are pickled by reference
+# and return and raise nothing unusual needs none of them. Under spawn and forkserver
+# they cost each worker start about 20 ms.
 
 PROTOCOL = 5
 _FN_LENGTH = struct.Struct("!I")
@@ -105,8 +105,8 @@ def _renamed_code(code: types.CodeType, filename: str) -> types.CodeType:
 
 class _Snapshot(list):  # type: ignore[type-arg]
     """Collects what a pickler writes. The pickler hands large payloads over by reference
-    instead of copying them into its stream; ``bytes`` are kept as they are (immutable),
-    anything else is copied, so that a caller changing a bytearray after submit() does not
+    instead of copying them into its stream. ``bytes`` are immutable and kept as they are.
+    Anything else is copied: a caller that changes a bytearray after submit() must not
     change what the task receives."""
 
     def write(self, data: Any) -> None:
@@ -133,9 +133,9 @@ def _dump(obj: Any, collector: type[list[Any]], pickler_class: type[Any] = pickl
 
 class _KeptPicklers(threading.local):
     """One pickler per collector type and thread, used again and again: making a pickler
-    costs more than pickling a small call with it (measured: 1.0 us against 0.4 us).
-    A pickler in use (a user ``__reduce__`` that pickles a call) is not used again:
-    that dump gets a fresh one."""
+    costs more than pickling a small call with it (measured: 1.0 us against 0.4 us). A
+    dump made while the pickler is in use, by a user ``__reduce__`` that pickles a call,
+    gets a fresh one."""
 
     def __init__(self) -> None:
         self.idle: dict[type[list[Any]], tuple[Any, list[Any]]] = {}
@@ -257,19 +257,19 @@ def encode_result(value: Any) -> tuple[Kind, Buffers]:
 
 
 def _reduce_with_traceback(obj: Any) -> Any:
-    # (Called for every object the exception pickler meets: tblib is looked up only for
-    # the exceptions and tracebacks among them.)
+    # Called for every object the exception pickler meets: tblib is imported only for the
+    # exceptions and tracebacks among them.
     if isinstance(obj, BaseException):
         from tblib import pickling_support
         try:
             return pickling_support.pickle_exception(obj)
         except Exception:
-            # tblib rebuilds an exception with an ``__init__`` of its own but the default
-            # ``__reduce__`` from its ``__dict__``, which a compiled class may not have
-            # (black's mypyc-built InvalidInput): rebuild it from its own reduction, as
-            # pickle would, with the frames and the chain as tblib keeps them.
+            # tblib rebuilds an exception that has its own ``__init__`` but the default
+            # ``__reduce__`` from its ``__dict__``. A compiled class may have none, such as
+            # black's mypyc-built InvalidInput. Such an exception is rebuilt from its own
+            # reduction, as pickle would, with the frames and the chain as tblib keeps them.
             reduced = obj.__reduce__()
-            if isinstance(reduced, str):   # (a global's name: pickle would raise too)
+            if isinstance(reduced, str):   # a global's name: pickle would raise too
                 raise
             function, arguments, *rest = reduced
             return (pickling_support.unpickle_exception,
@@ -294,9 +294,9 @@ class _ExceptionPickler(pickle.Pickler):
 
 
 def _exception_cloud_pickler() -> type[Any]:
-    """The same, for exception classes that exist only by value (defined in a ``__main__``
-    the worker could not import); cloudpickle maps them back to the parent's own class.
-    (A class made on first use: its base is cloudpickle's.)"""
+    """The same, for exception classes that exist only by value, defined in a ``__main__``
+    the worker could not import. cloudpickle maps them back to the parent's own class. The
+    class is made on first use, since its base is cloudpickle's."""
     global _ExceptionCloudPickler
     if _ExceptionCloudPickler is None:
         import cloudpickle
@@ -317,7 +317,7 @@ def _pickle_with_traceback(exc: BaseException) -> bytes:
     for make_pickler in (lambda: _ExceptionPickler, _exception_cloud_pickler):
         buffer = io.BytesIO()
         try:
-            make_pickler()(buffer, PROTOCOL).dump(exc)  # (cloudpickle only if pickle fails)
+            make_pickler()(buffer, PROTOCOL).dump(exc)  # cloudpickle only if pickle fails
             return buffer.getvalue()
         except BaseException as err:
             error = err
@@ -327,11 +327,11 @@ def _pickle_with_traceback(exc: BaseException) -> bytes:
 def encode_exception(exc: BaseException) -> bytes:
     """The exception pickled with its frames, plus its type, message and traceback as text.
 
-    The text travels always, so the parent can still explain an exception that it fails to
-    unpickle. The worker checks the round trip itself, as most unpickling failures (an
-    ``__init__`` that ``args`` cannot satisfy) show up the same on both sides. If the
-    exception cannot be pickled, the pickling error goes in its place (``reason`` says so):
-    the stdlib raises that error too, and the parent chains the original to it as text.
+    The text always travels, so the parent can still explain an exception it fails to
+    unpickle. The worker checks the round trip itself: most unpickling failures, such as an
+    ``__init__`` that ``args`` cannot satisfy, show up the same on both sides. If the
+    exception cannot be pickled, the pickling error goes in its place, and ``reason`` says
+    so. The stdlib raises that error too; the parent chains the original to it as text.
     """
     text = "".join(traceback.format_exception(exc))
     type_name = f"{type(exc).__module__}.{type(exc).__qualname__}"
@@ -400,11 +400,11 @@ def decode_exception(body: bytes | bytearray) -> BaseException:
 
 
 def _loads_detached(data: bytes) -> Any:
-    """``pickle.loads`` in a generator's frame, which (on 3.11, 3.13 and 3.14, measured)
-    links to no caller once the generator is done: the frames tblib rebuilds then lead
-    nowhere near the dispatcher, not even to its running loop (whose frames hold the
-    dispatcher itself, which can hold the exception: a cycle only the GC would free). On
-    3.12 the chain still reaches the caller; ``release_frames`` empties what it can."""
+    """``pickle.loads`` in a generator's frame. Once the generator is done, that frame
+    links to no caller (measured on 3.11, 3.13 and 3.14). The frames tblib rebuilds then
+    lead nowhere near the dispatcher, not even to its running loop. The loop's frames hold
+    the dispatcher, which can hold the exception: a cycle only the GC would free. On 3.12
+    the chain still reaches the caller; ``release_frames`` empties what it can."""
     def load(data: bytes) -> Iterator[Any]:
         value = pickle.loads(data)
         del data
@@ -416,11 +416,11 @@ def _loads_detached(data: bytes) -> Any:
 def release_frames(exc: BaseException) -> None:
     """Clear the locals of the finished frames that an unpickled exception keeps alive.
 
-    tblib rebuilds remote tracebacks out of real frames (and a reducer that fails leaves
-    real frames too), whose ``f_back`` chains lead into whoever unpickled them: the
-    dispatcher's frames, holding reply bodies and worker handles for as long as the caller
-    keeps the exception. Called once those frames have returned; the frames still running
-    (the loop's own) are left alone, and so is everything a traceback prints.
+    tblib rebuilds remote tracebacks out of real frames, and a reducer that fails leaves
+    real frames too. Their ``f_back`` chains lead into whoever unpickled them: the
+    dispatcher's frames, which hold reply bodies and worker handles for as long as the
+    caller keeps the exception. Call it once those frames have returned. Frames still
+    running, the loop's own, are left alone, and so is everything a traceback prints.
     """
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
@@ -445,10 +445,10 @@ def release_frames(exc: BaseException) -> None:
 def decode_outcome(frame: Frame) -> tuple[bool, Any]:
     """``(True, value)`` or ``(False, exception)`` for a RESULT or RAISED frame.
 
-    A payload that fails to unpickle is that task's error; a body that is not the pool's
-    own envelope raises MalformedFrame (the worker is not speaking the protocol).
+    A payload that fails to unpickle is that task's error. A body that is not the pool's
+    own envelope raises MalformedFrame: the worker is not speaking the protocol.
     """
-    if isinstance(frame.body, Unreceivable):  # (the parent had no memory for it)
+    if isinstance(frame.body, Unreceivable):  # the parent had no memory for it
         from .._errors import ResultTransferError
         error = ResultTransferError(None, "receiving in the parent", frame.body.why)
         error.__cause__ = MemoryError(frame.body.why)
@@ -460,7 +460,7 @@ def decode_outcome(frame: Frame) -> tuple[bool, Any]:
             from .._errors import ResultTransferError
             error = ResultTransferError(None, "unpickling in the parent",
                                         f"{type(err).__name__}: {err}")
-            error.__cause__ = err  # (see release_frames)
+            error.__cause__ = err  # its frames are cleared later: see release_frames
             return False, error
     if frame.kind is Kind.RAISED:
         return False, decode_exception(frame.body)

@@ -34,10 +34,10 @@ def set_packet_mode(fd: int, on: bool) -> bool:
     """Turn packet mode (``O_DIRECT``, Linux 3.4+) on or off for writes through ``fd``.
 
     In packet mode every write of at most PIPE_BUF bytes stays one packet, and a read takes
-    at most one packet. So when a frame is one write, each read takes exactly one frame,
-    and a second reader (the parent, holding a read end of a worker's task pipe) can take
-    back the frames the worker has not read without ever splitting one. Returns False where
-    pipes have no packet mode.
+    at most one packet. So when a frame is one write, each read takes exactly one frame. A
+    second reader, the parent with a read end of a worker's task pipe, can then take back
+    the frames the worker has not read, never splitting one. Returns False where pipes have
+    no packet mode.
     """
     direct = getattr(os, "O_DIRECT", None)
     if direct is None or _SETPIPE is None:  # not Linux
@@ -51,9 +51,9 @@ def set_packet_mode(fd: int, on: bool) -> bool:
 
 
 def second_reader(read_fd: int) -> int | None:
-    """A non-blocking read end of the same pipe that does not make ``read_fd`` non-blocking
-    (as a dup would: the flag belongs to the open file, which dups share): the pipe is
-    opened again through /proc. None where that is not possible."""
+    """A non-blocking read end of the same pipe, opened again through /proc. A dup would
+    not do: the non-blocking flag belongs to the open file, which dups share, so
+    ``read_fd`` would turn non-blocking too. None where /proc cannot do it."""
     try:
         return os.open(f"/proc/self/fd/{read_fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -91,11 +91,11 @@ class PipeRoom:
     """Makes a pipe roomier while large frames go through it, and gives the room back.
 
     Through Linux's default 64 KiB pipe a large frame moves as a ping-pong of 64 KiB pieces,
-    two context switches each; with 1 MiB of room it moves about three times as fast
-    (measured here: ~1.0 GB/s -> ~3.0 GB/s between two processes). The room counts against
-    the user's ``pipe-user-pages-soft`` (64 MiB by default, shared by all their processes),
-    so a pipe keeps it only while frames larger than ``LARGE_FRAME`` go through, and is
-    shrunk back before the next small frame (if the reader has emptied it by then).
+    two context switches each. With 1 MiB of room it moves about three times as fast:
+    measured here, ~1.0 GB/s against ~3.0 GB/s between two processes. The room counts
+    against the user's ``pipe-user-pages-soft``, 64 MiB by default, shared by all their
+    processes. So a pipe keeps it only while frames larger than ``LARGE_FRAME`` go through.
+    It shrinks back before the next small frame, if the reader has emptied it by then.
     Elsewhere than Linux this does nothing.
     """
 

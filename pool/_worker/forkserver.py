@@ -3,13 +3,14 @@
 Owns: nothing; one function, called in a caller's thread before a pool's first worker
 starts (``ProcessPool``, ``pool.dask``).
 Guarantees: modules are added to the forkserver's preload list only before the forkserver
-starts (it reads the list once, then forks every worker from what it has imported), after
-the modules already asked for and never in their place: the user's own
-``set_forkserver_preload`` and the default ``__main__`` still come first, and a forkserver
+starts; it reads the list once, then forks every worker from what it has imported. They
+go after the modules already asked for, never in their place: the user's own
+``set_forkserver_preload`` and the default ``__main__`` still come first. A forkserver
 that is already running is left as it is.
-Why: a worker forked from a forkserver that has not imported ``pool._worker.main`` (and, for a
-dask worker, ``distributed``) imports it itself, at every start and every refill after a
-death; one that has it starts at the cost of a fork.
+Why: a worker forked from a forkserver that has not imported ``pool._worker.main`` imports
+it itself, at every start and every refill after a death; for a dask worker,
+``distributed`` too. One forked from a forkserver that has them starts at the cost of a
+fork.
 """
 
 from __future__ import annotations

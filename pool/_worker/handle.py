@@ -1,20 +1,22 @@
 """The parent's handle on one worker process: start it, talk to it, end it.
 
-Owns: for one worker, its ``Process`` object and the parent's ends of its descriptors: task
-pipe (write; and on Linux a read end too, to take back tasks the worker has not read),
-reply pipe (read, non-blocking), crash-report file, and the process sentinel; and the
-thread that writes a large frame, while one does.
+Owns: for one worker, its ``Process`` object and the parent's ends of its descriptors: the
+task pipe's write end, and on Linux a read end to take back tasks the worker has not read;
+the reply pipe's read end, non-blocking; the crash-report file; the process sentinel. Also
+the thread that writes a large frame, while one does.
 Runs in: the dispatcher thread only.
-Guarantees: the dispatcher never blocks writing to a worker: small frames always fit in the
-pipe, and a large one is written by a thread of its own (a worker may stop reading in the
-middle of one: it runs user code while it unpickles); ``reclaim`` takes back exactly the
-tasks the worker has not read; ``start`` leaves no descriptor open when starting fails;
-``finish`` kills the
-worker's process group before reaping (while the unreaped leader still pins the group id),
-reaps it, reads its crash report, closes every descriptor (so nothing accumulates over any
-number of deaths) and says which members of its group are still running, if any;
-``abandon`` does the same for a process that could not be reaped, keeping only its
-``Process`` for one last try.
+Guarantees:
+- the dispatcher never blocks writing to a worker. Small frames always fit in the pipe. A
+  large one is written by a thread of its own: a worker may stop reading in the middle of
+  one, since it runs user code while it unpickles;
+- ``reclaim`` takes back exactly the tasks the worker has not read;
+- ``start`` leaves no descriptor open when starting fails;
+- ``finish`` kills the worker's process group before reaping, while the unreaped leader
+  still pins the group id. It then reaps the worker, reads its crash report and closes
+  every descriptor, so nothing accumulates over any number of deaths. It says which
+  members of the group are still running, if any;
+- ``abandon`` does the same for a process that could not be reaped, keeping only its
+  ``Process`` for one last try.
 Assumes: under ``fork`` the caller lists every other pool descriptor the child would
 inherit (``inherited_fds``), so that only the parent holds the lifeline's write end and the
 other workers' task pipes.
@@ -34,14 +36,14 @@ from . import teardown as _teardown
 from .._wire.frames import Frame, FrameReader, Kind
 from .main import DUMP_SIGNAL, InheritedFd, Initializer, WorkerSetup, worker_main
 
-# multiprocessing flushes the parent's standard streams before it starts any process
-# (Popen.__init__). On the dispatcher thread, that would block the whole pool for as
-# long as the program's own output is blocked (a full pipe, a paused pager): no reply
-# delivered, no death seen, no timeout fired. The pool has no need of it: a forked worker
-# drops what it inherited unwritten (_worker_streams.drop_inherited_output), a spawned one
-# inherits nothing. So the starts the dispatcher makes skip it; every other start, in
-# this process or any other, flushes as before. (Keyed by pid too: a forked child keeps
-# a copy of the starting thread's state.)
+# multiprocessing's Popen.__init__ flushes the parent's standard streams before it starts
+# any process. On the dispatcher thread, that would block the whole pool while the
+# program's own output is blocked (a full pipe, a paused pager): no reply delivered, no
+# death seen, no timeout fired. The pool has no need of it: a forked worker drops what it
+# inherited unwritten (streams.drop_inherited_output), and a spawned one inherits nothing.
+# So the dispatcher's starts skip the flush; every other start, in this process or any
+# other, flushes as before. The flag is keyed by pid: a forked child keeps a copy of the
+# starting thread's state.
 _starting_worker = threading.local()
 _flush_std_streams = multiprocessing.util._flush_std_streams  # type: ignore[attr-defined]
 
@@ -58,8 +60,8 @@ multiprocessing.util._flush_std_streams = (  # type: ignore[attr-defined]
 # report the exit a moment before the kernel lets the process be reaped.
 _REAP_SECONDS = 5.0
 
-# How long the release of a dead worker waits for the thread writing it a frame to see
-# that (at once, unless another process holds the pipe's read end).
+# How long releasing a dead worker waits for the thread writing it a frame to notice. It
+# notices at once, unless another process holds the pipe's read end.
 _WRITER_JOIN_SECONDS = 1.0
 
 
@@ -74,11 +76,11 @@ class Exit(NamedTuple):
     ended_because: str = ""  # why the pool killed a worker whose exit it did not see
 
 
-class _FrameWriter:
-    """Writes one large frame from a thread, through a descriptor of its own (so the
-    dispatcher may close its own at any time), in stream mode (a large frame moves faster
-    than as 4 KiB packets). The dispatcher collects it (``done``) before writing again, so
-    the pipe is back in packet mode before the next frame."""
+class _LargeFrameWriter:
+    """Writes one large frame from a thread, through a descriptor of its own: the
+    dispatcher may close its own at any time. It writes in stream mode, since a large frame
+    moves faster than as 4 KiB packets. The dispatcher collects it (``done``) before
+    writing again, so the pipe is back in packet mode before the next frame."""
 
     def __init__(self, fd: int, task_id: int, body: _frames.Buffers, frame_bytes: int,
                  packets: bool, on_done: Callable[[], None]) -> None:
@@ -120,18 +122,18 @@ class _FrameWriter:
             self._on_done()
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait for the thread; it ends at once when the worker is gone, unless another
-        process holds the pipe's read end. False if it still writes (it is left to end
-        on its own)."""
+        """Waits for the thread, which ends at once when the worker is gone, unless another
+        process holds the pipe's read end. False if it still writes; it is then left to
+        end on its own."""
         self._thread.join(timeout)
         return self.done
 
 
-# How many new descriptors starting a worker holds at once in the parent, at most: its
-# pipes and crash file (6), and what multiprocessing opens to start it (under forkserver a
-# socket and two pipes; under spawn, fork_exec's pipes). They are taken and given back
-# before the start, so that a start that would run out fails before it begins: a
-# forkserver sent half a request (the parent ran out in the middle) exits on Python
+# The most new descriptors that starting a worker holds at once in the parent: its pipes
+# and crash file (6), and what multiprocessing opens to start it. That is a socket and two
+# pipes under forkserver, fork_exec's pipes under spawn. They are taken and given back
+# before the start, so a start that would run out fails before it begins. A forkserver
+# sent half a request, because the parent ran out in the middle, exits on Python
 # 3.11-3.13, and every worker it started loses the exit status the pool watches.
 _START_DESCRIPTORS = 12
 
@@ -142,25 +144,25 @@ def _check_descriptors_to_start() -> None:
     try:
         for _ in range(_START_DESCRIPTORS):
             taken.append(os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC))
-    except OSError as exc:  # (said without the file name, which is only our probe's)
+    except OSError as exc:  # said without the file name, which is only our probe's
         raise OSError(exc.errno, os.strerror(exc.errno or 0)) from None
     finally:
         _teardown.close_fds(*taken)
 
 
 # The pipes multiprocessing's fork Popen opens before it forks, by the names its
-# ``_launch`` gives them (3.11-3.14). When fork() fails (EAGAIN: out of processes) it
-# leaves them open, four descriptors per refused start; ``_release_failed_start`` closes
-# them. (Should the names change, they are left as they were.)
+# ``_launch`` gives them (3.11-3.14). When fork() fails with EAGAIN (out of processes), it
+# leaves them open: four descriptors per refused start. ``_release_failed_start`` closes
+# them. Should the names change, they are left open, as before.
 _FORK_LAUNCH_PIPES = ("parent_r", "child_w", "child_r", "parent_w")
 
 
 def _release_failed_start(exc: BaseException) -> None:
-    """Give back what a ``Process.start()`` that raised still holds.
+    """Gives back what a ``Process.start()`` that raised still holds.
 
-    Under fork: the pipes its ``_launch`` opened (found in that frame, so only those).
+    Under fork: the pipes its ``_launch`` opened, found in that frame, so only those.
     Under every method: the traceback, which keeps the half-made Popen alive, and with it
-    the descriptors its finalizer closes (spawn's pipes); the exception itself is kept,
+    the descriptors its finalizer closes (spawn's pipes). The exception itself is kept,
     for the error that may name it later."""
     traceback_ = exc.__traceback__
     while traceback_ is not None:
@@ -168,7 +170,7 @@ def _release_failed_start(exc: BaseException) -> None:
         if (frame.f_code.co_name == "_launch"
                 and frame.f_code.co_filename.endswith("popen_fork.py")
                 and getattr(frame.f_locals.get("self"), "pid", None) is None):
-            # (fork() itself raised: nothing of these was closed, or handed to anyone)
+            # fork() itself raised: none of these was closed or handed to anyone.
             _teardown.close_fds(*(fd for name in _FORK_LAUNCH_PIPES
                                   if isinstance(fd := frame.f_locals.get(name), int)))
         traceback_ = traceback_.tb_next
@@ -186,8 +188,8 @@ class WorkerHandle:
         self.sentinel: int = process.sentinel
         self.task_fd: int | None = task_fd
         # A read end of the task pipe, in packet mode: frames the worker has not read can be
-        # taken back. None where pipes have no packet mode (then nothing waits in the pipe
-        # behind the running task).
+        # taken back. None where pipes have no packet mode; then nothing waits in the pipe
+        # behind the running task.
         self.reclaim_fd = reclaim_fd
         self.reader = FrameReader(reply_fd)
         self.crash_fd = crash_fd
@@ -197,13 +199,13 @@ class WorkerHandle:
         self.tasks_run = 0  # replies received: tasks it finished (for stats)
         self.outbox: list[tuple[int, _frames.Buffers]] = []  # CALL frames queued this turn
         self._outbox_bytes = 0  # their size, headers included
-        # Why the state machine called this worker misbehaving (then nothing more is read
-        # from it); None while it keeps to the protocol.
+        # Why the state machine called this worker misbehaving; nothing more is read from
+        # it then. None while it keeps to the protocol.
         self.misbehaved: str | None = None
         self.room = _pipes.PipeRoom(task_fd)
-        # (See _limits, rule 3: no larger than this pipe, if it is a small one.)
+        # _wire.limits, rule 3: no larger than this pipe, if it is a small one.
         self._background_above = _limits.background_above(_pipes.pipe_capacity(task_fd))
-        self.writer: _FrameWriter | None = None  # writing a large frame, in a thread
+        self.writer: _LargeFrameWriter | None = None  # writing a large frame, in a thread
         self._on_write_done = on_write_done
 
     @classmethod
@@ -265,8 +267,8 @@ class WorkerHandle:
         return fds + self.task_pipe_fds()
 
     def task_pipe_fds(self) -> list[int]:
-        """The parent's descriptors of the task pipe (a forked child must close them all,
-        or the worker would not see end of file when asked to stop)."""
+        """The parent's descriptors of the task pipe. A forked child must close them all,
+        or the worker would not see end of file when asked to stop."""
         fds = [fd for fd in (self.task_fd, self.reclaim_fd) if fd is not None]
         return fds + (self.writer.fds if self.writer is not None else [])
 
@@ -278,9 +280,9 @@ class WorkerHandle:
         self._outbox_bytes += frame_bytes
 
     def flush(self) -> list[int]:
-        """Write the queued frames; returns the ids of those that could not be written
-        because the worker is gone (it never got them). A large frame is handed to a
-        thread (see ``collect_writer``); while one is being written, frames wait here."""
+        """Writes the queued frames. Returns the ids of those that could not be written
+        because the worker is gone: it never got them. A large frame is handed to a thread
+        (see ``collect_writer``); while one is being written, frames wait here."""
         if not self.outbox or self.writer is not None:
             return []
         frames, self.outbox = self.outbox, []
@@ -290,8 +292,9 @@ class WorkerHandle:
         if size > self._background_above:
             # Sent only to a worker with nothing else in flight, so it is alone.
             assert len(frames) == 1, "a large frame with others behind it"
-            self.writer = _FrameWriter(self.task_fd, *frames[0], size,
-                                       self.reclaim_fd is not None, self._on_write_done)
+            self.writer = _LargeFrameWriter(self.task_fd, *frames[0], size,
+                                            self.reclaim_fd is not None,
+                                            self._on_write_done)
             return []
         if self.reclaim_fd is None:
             written = _frames.write_frames(self.task_fd, Kind.CALL, frames)
@@ -304,8 +307,9 @@ class WorkerHandle:
         return [task_id for task_id, _ in frames[written:]]
 
     def collect_writer(self) -> int | None:
-        """Let go of a thread that has finished writing a large frame; the task's id if the
-        frame could not be written whole (the worker is gone, it never got it), else None."""
+        """Lets go of a thread that has finished writing a large frame. Returns the task's
+        id if the frame could not be written whole, because the worker is gone and never
+        got it; else None."""
         writer = self.writer
         if writer is None or not writer.done:
             return None
@@ -354,14 +358,15 @@ class WorkerHandle:
 
     def finish(self, reap_timeout: float = _REAP_SECONDS, *, sentinel_fired: bool = True
                ) -> Exit:
-        """After its sentinel fired (or, ``sentinel_fired=False``, to end it at once): end
-        its group, reap, release."""
+        """After its sentinel fired, or with ``sentinel_fired=False`` to end it at once:
+        ends its group, reaps it and releases it."""
         # Under forkserver the sentinel is a pipe from the forkserver, which writes the
-        # exit status into it once it has reaped the worker. If the forkserver exits first
-        # (on Python 3.11-3.13, when the system refuses it a fork), the pipe closes while
-        # the worker still runs: a worker still there when its sentinel fired can only
-        # mean that. (Not "the forkserver is gone" as well: the kernel closes a dying
-        # process's pipes before /proc shows it exited, and the check lost that race.)
+        # exit status into it once it has reaped the worker. If the forkserver exits first,
+        # as on Python 3.11-3.13 when the system refuses it a fork, the pipe closes while
+        # the worker still runs. A worker still there when its sentinel fired can only
+        # mean that. This does not also check that the forkserver is gone: the kernel
+        # closes a dying process's pipes before /proc shows it exited, and that check lost
+        # the race.
         status_lost = (sentinel_fired and self._forkserver is not None
                        and _teardown.still_running(self.pid))
         self.signal(signal.SIGKILL)
@@ -375,13 +380,14 @@ class WorkerHandle:
         return self._release(exitcode, left)
 
     def abandon(self) -> Exit:
-        """Give up on a process that outlived SIGKILL's grace: release its descriptors but
-        its sentinel, and keep its ``Process`` so that ``reap_abandoned`` can try again."""
+        """Gives up on a process that outlived SIGKILL's grace. Releases its descriptors
+        but its sentinel, and keeps its ``Process`` so that ``reap_abandoned`` can try
+        again."""
         return self._release(None, ())
 
     def reap_abandoned(self, timeout: float) -> bool:
         """One more try at reaping an abandoned worker; True if it is gone now. If not, the
-        pool lets go of it for good (see ``_teardown.forget_process``)."""
+        pool lets go of it for good (see ``teardown.forget_process``)."""
         if _teardown.reap(self.process, timeout=timeout) is not None:
             return True
         _teardown.forget_process(self.process)

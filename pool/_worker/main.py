@@ -9,18 +9,18 @@ Guarantees:
   thread in the crash-report file, which the parent reads after the death;
 - every task gets exactly one reply frame, whatever it returns or raises, unless the
   process dies while running it;
-- when the parent dies, however it dies, the worker kills its process group (itself and
-  any processes its tasks started) at once: the lifeline pipe hangs up;
-- ``DUMP_SIGNAL`` (sent when a task overruns its timeout) makes it write the stack of every
-  thread into the crash-report file and then die of that signal, in C, without needing the
-  GIL: so the parent knows the stack is complete when it sees the exit;
+- when the parent dies, however it dies, the lifeline pipe hangs up and the worker kills
+  its process group at once: itself and any processes its tasks started;
+- ``DUMP_SIGNAL``, sent when a task overruns its timeout, makes it write the stack of every
+  thread into the crash-report file, then die of that signal. This runs in C, without the
+  GIL, so the parent knows the stack is complete when it sees the exit;
 - with ``max_memory``, a worker whose resident memory is above it after a task says so
   (``OVER_MEMORY``) before the reply, so the parent sends it nothing more;
 - end of file on the task pipe means "stop": the worker exits normally, so buffered
   output is flushed and atexit handlers run.
 Assumes: it is started by the dispatcher through ``multiprocessing`` with the descriptors
-below; under ``fork`` it also inherited the parent's other pool descriptors, listed in
-``fds_to_close``, which it closes first.
+of ``WorkerSetup``. Under ``fork`` it also inherited the parent's other pool descriptors,
+listed in ``fds_to_close``; it closes them first.
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ DUMP_SIGNAL = signal.SIGUSR2
 class InheritedFd:
     """A file descriptor handed to a worker under any start method.
 
-    Under ``fork`` the worker inherits the number itself; under ``spawn`` and ``forkserver``
+    Under ``fork`` the worker inherits the number itself. Under ``spawn`` and ``forkserver``
     the Process object is pickled, and this reduces through multiprocessing's own
-    descriptor passing (the mechanism that hands a ``Connection`` to a child).
+    descriptor passing, which hands a ``Connection`` to a child.
     """
 
     __slots__ = ("fd",)
@@ -78,14 +78,14 @@ def _rebuild_fd(dup: Any) -> InheritedFd:
 class Initializer:
     """The user's ``initializer`` and ``initargs``, as they travel to every worker.
 
-    The arguments travel inside the Process object, as the stdlib sends them: under fork
-    they are inherited as they are, and under spawn and forkserver multiprocessing pickles
-    them while it starts the process, the one moment at which its locks, queues, events,
-    shared values and pipes may be pickled ("shared through inheritance"). Arguments that
-    pickle the same at any time (plain data) are pickled once, here, so that no worker
-    start pickles them again (or runs their reducers on the pool's thread); arguments
-    that only cloudpickle can send (a lambda, a ``__main__`` object under spawn) travel by
-    value. The function is pickled in advance, by value where workers cannot import it.
+    The arguments travel inside the Process object, as the stdlib sends them. Under fork
+    they are inherited as they are. Under spawn and forkserver, multiprocessing pickles them
+    while it starts the process: the one moment at which its locks, queues, events, shared
+    values and pipes may be pickled ("shared through inheritance"). Plain data, which
+    pickles the same at any time, is pickled once, here: no worker start pickles it again
+    or runs its reducers on the pool's thread. Arguments that only cloudpickle can send,
+    such as a lambda or a ``__main__`` object under spawn, travel by value. The function is
+    pickled in advance, by value where workers cannot import it.
     """
 
     __slots__ = ("function", "args")
@@ -113,7 +113,7 @@ class _ByValue:
 
 
 def prepare_initargs(args: tuple[Any, ...], ctx: Any) -> tuple[Any, ...]:
-    """``initargs`` as they will travel (see ``Initializer``); raises
+    """``initargs`` as they will travel (see ``Initializer``). Raises
     ``ArgumentPicklingError`` now, in the constructor, for one that could not be sent to a
     worker that ``ctx`` starts."""
     if ctx.get_start_method() == "fork":
@@ -143,8 +143,8 @@ def prepare_initargs(args: tuple[Any, ...], ctx: Any) -> tuple[Any, ...]:
 
 def _pickled_at_start(arg: Any) -> bytes:
     """What multiprocessing will make of ``arg`` when it starts a process, tried with a
-    stand-in for that process (descriptors are 'passed' by number; the pickle is thrown
-    away), so objects that may only be pickled while a process starts are accepted."""
+    stand-in for that process: descriptors are 'passed' by number, and the pickle is thrown
+    away. So objects that may be pickled only while a process starts are accepted."""
     spawning = _context.get_spawning_popen()
     _context.set_spawning_popen(_TrialStart())  # type: ignore[arg-type]  # duck-typed
     try:
@@ -212,8 +212,8 @@ def worker_main(setup: WorkerSetup) -> None:
     # Ctrl-C in a terminal reaches the whole foreground group; the parent decides what a
     # KeyboardInterrupt means, so workers neither die of it nor print a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(DUMP_SIGNAL, signal.SIG_DFL)  # (its default action ends the process)
-    if setup.crash_fd is not None:  # (None: the parent could not make one; no stacks then)
+    signal.signal(DUMP_SIGNAL, signal.SIG_DFL)  # its default action ends the process
+    if setup.crash_fd is not None:  # None: the parent could not make one; no stacks then
         faulthandler.enable(file=setup.crash_fd.fd, all_threads=True)
         # Dump every thread's stack, then chain to the default action (termination): the
         # parent sees the exit only once the stack is written.
@@ -244,9 +244,9 @@ def _become_group_leader() -> None:
 def _watch_parent(lifeline_fd: int) -> None:
     """Kill this worker's process group as soon as the parent is gone.
 
-    The parent holds the only write end of the lifeline pipe (it closes its copy in every
-    child it forks, see ``_exit``), so the pipe hangs up the moment the parent dies, SIGKILL
-    included. This thread sleeps in poll() until then: no periodic wake-ups.
+    The parent holds the only write end of the lifeline pipe: it closes its copy in every
+    child it forks (see ``_exit``). So the pipe hangs up the moment the parent dies,
+    SIGKILL included. This thread sleeps in poll() until then, with no periodic wake-ups.
     """
     # The task's thread (the main one) should be the one that takes the dump signal.
     signal.pthread_sigmask(signal.SIG_BLOCK, {DUMP_SIGNAL})
@@ -265,8 +265,8 @@ def _run_initializer(initializer: Initializer, reply_fd: int) -> bool:
         initializer.call()
     except BaseException as exc:
         _drop_own_frame(exc)
-        # Where the stdlib's worker logs it, so that handlers an initializer (or the user)
-        # put on that logger see it; the parent also gets it, with its frames.
+        # Logged where the stdlib's worker logs it, so that handlers an initializer or the
+        # user put on that logger see it. The parent also gets it, with its frames.
         import logging
         logging.getLogger("concurrent.futures").critical("Exception in initializer:",
                                                          exc_info=exc)
@@ -352,7 +352,7 @@ def _run_call(functions: _FunctionCache, body: Any) -> tuple[Kind, bytes | _fram
             if isinstance(body, _frames.BodyReader):
                 body.skip_rest()  # whatever happened, the next frame starts after this one
     except BaseException as exc:
-        # A BrokenProcessPool, as the stdlib raises here (where the worker dies); the
+        # A BrokenProcessPool, as the stdlib raises here, where its worker dies. The
         # worker's own error, with its frames, is the cause.
         from .._errors import ArgumentUnpicklingError
         error = ArgumentUnpicklingError(
@@ -368,8 +368,8 @@ def _run_call(functions: _FunctionCache, body: Any) -> tuple[Kind, bytes | _fram
     return _pickling.encode_result(value)
 
 
-# What a worker runs for one ``map`` chunk. They live here, with the worker, not with
-# ``_mapping`` (the caller's side): a chunk names its runner by reference, and a worker
+# What a worker runs for one ``map`` chunk. They live here, with the worker, not in
+# ``_mapping`` on the caller's side. A chunk names its runner by reference, and a worker
 # that had to import ``_mapping`` for it would pay for the caller's modules at its first
 # chunk.
 
@@ -379,8 +379,8 @@ def process_chunk(fn: Callable[..., Any], chunk: list[tuple[Any, ...]]) -> list[
 
 
 def process_items(fn: Callable[..., Any], items: list[Any]) -> list[Any]:
-    """One ``map`` chunk over one iterable (the items themselves travel, not a 1-tuple
-    around each: half the pickling)."""
+    """One ``map`` chunk over one iterable. The items themselves travel, not a 1-tuple
+    around each: half the pickling."""
     return list(map(fn, items))
 
 

@@ -1,15 +1,16 @@
 """Where starting workers cannot work: a main script without ``if __name__ == "__main__":``
 and a daemonic process. Both fail in the stdlib too, but only deep inside a worker start,
-with hundreds of lines of output; here they fail at once, in a few lines that name the fix.
+with hundreds of lines of output. Here they fail at once, in a few lines that name the fix.
 
 Also keeps the main script importable by workers started after it returned (at exit).
 
-Owns: the main script's path. Runs in: a caller's thread (the constructor, the first
-submit); ``keep_main_importable`` in the dispatcher thread.
-Guarantees: never raises for a program that can start workers (a pool created at the top
-level but used only under the guard passes, as it works with the stdlib; so does any code
-under a block that tests ``__name__``, and ``python -m package``, whose ``__main__`` module
-workers do not run again); costs nothing after a pool's first submission, and parses
+Owns: the main script's path.
+Runs in: a caller's thread (the constructor, the first submit); ``keep_main_importable``
+in the dispatcher thread.
+Guarantees: never raises for a program that can start workers. A pool created at the top
+level but used only under the guard passes, as it works with the stdlib. So does any code
+under a block that tests ``__name__``, and ``python -m package``, whose ``__main__``
+module workers do not run again. Costs nothing after a pool's first submission, and parses
 the main script once for all the pools it makes from the same line.
 Assumes: multiprocessing's spawn and forkserver children re-run the main script's top
 level as ``__mp_main__`` (with ``current_process()._inheriting`` set while they do), and a
@@ -53,13 +54,13 @@ def keep_main_importable() -> None:
     """
     main = sys.modules.get("__main__")
     if (_main_path is not None and main is not None and not hasattr(main, "__file__")
-            and not sys.flags.interactive):  # (``python -i``: the session goes on)
+            and not sys.flags.interactive):  # python -i: the session goes on
         main.__file__ = _main_path
 
 
 def check_not_daemonic() -> None:
-    """Raise if this process may not have children (multiprocessing forbids it to
-    daemonic processes, such as a dask worker that its nanny started)."""
+    """Raises if this process may not have children: multiprocessing forbids them to
+    daemonic processes, such as a dask worker that its nanny started."""
     if multiprocessing.current_process().daemon:
         raise RuntimeError(
             "pool.ProcessPool cannot start workers in this process: it is a daemonic "
@@ -123,10 +124,10 @@ def _top_level_frame(main: ModuleType | None) -> FrameType | None:
 
 
 def _guarded(statements: list[ast.stmt], line: int) -> bool:
-    """Whether ``line`` lies inside a block that depends on ``__name__`` (the ``__main__``
-    guard, in whatever form: ``if __name__ == "__main__" and ...:``, ``match __name__:``),
-    at any depth. Anything that tests ``__name__`` counts: a check that cannot tell must
-    let the program through."""
+    """Whether ``line`` lies, at any depth, inside a block that depends on ``__name__``:
+    the ``__main__`` guard in whatever form, such as ``if __name__ == "__main__" and ...:``
+    or ``match __name__:``. Anything that tests ``__name__`` counts: a check that cannot
+    tell must let the program through."""
     for node in statements:
         end = getattr(node, "end_lineno", None) or node.lineno
         if not node.lineno <= line <= end:

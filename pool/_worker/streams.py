@@ -1,14 +1,14 @@
 """A forked worker's standard streams: what it inherited unwritten is dropped, and a
 stream it inherited with its lock taken is replaced.
 
-Runs in: a worker process started by ``fork``, first thing in ``worker_main``, while the
-process has no thread but its own (and the ones this module starts).
-Guarantees: the parent's unwritten text is not printed again by the worker; no stream in
-``sys`` is one whose lock a thread of the parent held at the fork; the stream objects stay
-as they are otherwise (a logging handler holding one, ``-u`` unbuffered streams, the
-user's own wrappers).
-Assumes: a forked worker ends by ``os._exit`` (multiprocessing's fork ``Popen`` does), so
-that nothing finalizes, and so flushes, a stream left alone here.
+Runs in: a worker process started by ``fork``, first thing in ``worker_main``. The process
+then has no thread but its main one and those this module starts.
+Guarantees: the worker does not print the parent's unwritten text again. No stream in
+``sys`` is one whose lock a thread of the parent held at the fork. Otherwise the stream
+objects stay as they are: a logging handler may hold one, ``-u`` makes them unbuffered,
+the user may have wrapped them.
+Assumes: a forked worker ends by ``os._exit``, as multiprocessing's fork ``Popen`` does. So
+nothing finalizes, and so flushes, a stream left alone here.
 """
 
 from __future__ import annotations
@@ -23,26 +23,26 @@ from typing import Any
 # How long flushing a stream into /dev/null may take before its lock counts as held by a
 # thread of the parent (it takes microseconds otherwise).
 STUCK_FLUSH_SECONDS = 0.5
-_abandoned: list[Any] = []   # (kept, so that nothing ever finalizes them)
+_abandoned: list[Any] = []   # kept, so that nothing ever finalizes them
 
 
 def drop_inherited_output() -> None:
-    """Throw away the text the standard streams inherited unwritten.
+    """Throws away the text the standard streams inherited unwritten.
 
-    The pool forks from its dispatcher thread (and skips multiprocessing's flush before
-    it: see _worker_handle): what the parent's threads printed and had not written yet is
-    still in the buffers the child inherited, and the child would print it again when it
-    exits (seen as duplicated lines of ``python -m pool demo --start-method fork``). That
+    The pool forks from its dispatcher thread and skips multiprocessing's flush before it
+    (see ``handle``). So what the parent's threads printed and had not written yet is
+    still in the buffers the child inherited. The child would print it again when it
+    exits: seen as duplicated lines of ``python -m pool demo --start-method fork``. That
     text is the parent's, which prints it itself. So each stream is flushed into
     ``/dev/null``: its descriptor points there for that moment.
 
-    But a buffered stream that a thread of the parent was writing to at the moment of the
-    fork has its lock taken, by a thread this process does not have: flushing it would
-    never return (nor would the flush multiprocessing makes as the worker exits), or, when
-    the new thread happens to get the old one's id (glibc reuses its stack), raise
-    "reentrant call". So each flush runs in a thread of its own; a stream whose flush has
-    neither returned nor failed on its descriptor after ``STUCK_FLUSH_SECONDS`` is
-    replaced, in ``sys``, by a new one on its descriptor, and left alone for good.
+    But a buffered stream that a thread of the parent was writing to at the fork has its
+    lock taken, by a thread this process does not have. Flushing it would never return,
+    nor would the flush multiprocessing makes as the worker exits. Or, when the new thread
+    happens to get the old one's id (glibc reuses its stack), the flush raises "reentrant
+    call". So each flush runs in a thread of its own. A stream whose flush has neither
+    returned nor failed on its descriptor after ``STUCK_FLUSH_SECONDS`` is replaced in
+    ``sys`` by a new one on its descriptor, and left alone for good.
     """
     streams = {id(stream): stream for stream in (sys.stdout, sys.stderr, sys.__stdout__,
                                                  sys.__stderr__) if stream is not None}
@@ -75,15 +75,15 @@ def drop_inherited_output() -> None:
 
 
 def _flush_each(streams: list[Any]) -> list[Any]:
-    """Flushes each stream in a thread of its own; returns those whose flush did not end
-    (or ended in an error other than the descriptor's own)."""
+    """Flushes each stream in a thread of its own. Returns those whose flush did not end,
+    or ended in an error other than the descriptor's own."""
     flushed: set[int] = set()
 
     def flush(stream: Any) -> None:
         try:
             stream.flush()
         except (OSError, ValueError):
-            pass   # (the descriptor's own error: the stream itself is usable)
+            pass   # the descriptor's own error: the stream itself is usable
         except BaseException:
             return   # "reentrant call inside ...": its lock was taken at the fork
         flushed.add(id(stream))
@@ -94,7 +94,7 @@ def _flush_each(streams: list[Any]) -> list[Any]:
                                   name="pool-worker-flush")
         try:
             thread.start()
-        except RuntimeError:   # (no thread to be had: flush here, and hope)
+        except RuntimeError:   # no thread to be had: flush here, and hope
             flush(stream)
             continue
         threads.append(thread)

@@ -1,12 +1,13 @@
 """Ending worker processes, and reading what a dead one left behind.
 
-Owns: nothing; functions the dispatcher (through ``WorkerHandle``) calls on the processes it
-owns: signalling a worker and its group, reaping, closing descriptors, and the crash-report
-file. (How much of a task pipe was never read is ``_pipes.unread_bytes``.)
-Runs in: the dispatcher thread (and its firewall, when the pool is failing).
-Guarantees: signals go to the worker and to its whole process group, so processes a task
-started end with it; a process group is signalled only while its leader is unreaped (a
-zombie still holds its pid), so an id the kernel recycled is never hit.
+Owns: nothing. These are functions the dispatcher calls, through ``WorkerHandle``, on the
+processes it owns: signalling a worker and its group, reaping, closing descriptors, and
+the crash-report file. How much of a task pipe was never read is
+``_wire.pipes.unread_bytes``.
+Runs in: the dispatcher thread, and its firewall when the pool is failing.
+Guarantees: signals go to the worker and to its whole process group, so the processes a
+task started end with it. A process group is signalled only while its leader is unreaped:
+a zombie still holds its pid, so an id the kernel recycled is never hit.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ def _stat_fields(pid: int) -> list[bytes] | None:
 
 
 def still_running(pid: int) -> bool:
-    """The process exists and is not a zombie (Linux, from /proc; False where there is no
-    /proc: unknown)."""
+    """Whether the process exists and is not a zombie, from /proc (Linux). False where
+    there is no /proc: unknown."""
     fields = _stat_fields(pid)
     return fields is not None and fields[0] != b"Z"
 
@@ -92,8 +93,8 @@ def read_crash_report(fd: int | None) -> str | None:
 def _crashing_thread_first(text: str) -> str:
     """Put the thread that crashed right after the error line; drop the pool's watchdog.
 
-    faulthandler writes one block per thread, separated by blank lines, in thread order;
-    the reader wants the crash site first, and the watchdog's stack is never of interest.
+    faulthandler writes one block per thread, separated by blank lines, in thread order.
+    The reader wants the crash site first, and the watchdog's stack is never of interest.
     """
     blocks = text.split("\n\n")
     threads = [b for b in blocks if b.startswith(("Thread 0x", "Current thread 0x"))]
@@ -119,13 +120,13 @@ _WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "main.py
 
 def make_crash_file() -> tuple[int | None, str]:
     """An anonymous file for a worker's crash report, private to the pool's processes:
-    nothing is left on disk however we die. A ``memfd`` where the system has them (no
-    directory is involved, so a full or read-only temp directory does not matter), else a
-    temp file, unlinked at once (mode 0600).
+    nothing is left on disk however we die. A ``memfd`` where the system has them: no
+    directory is involved, so a full or read-only temp directory does not matter. Else a
+    temp file, mode 0600, unlinked at once.
 
-    Returns ``(fd, "")``, or ``(None, why)`` when no file can be made: the worker then runs
+    Returns ``(fd, "")``, or ``(None, why)`` when no file can be made. The worker then runs
     without one, and its death is explained without its stack. Running out of descriptors
-    raises instead: then no worker can start at all (the dispatcher retries later)."""
+    raises instead: then no worker can start at all, and the dispatcher retries later."""
     memfd_create = getattr(os, "memfd_create", None)
     if memfd_create is not None:
         try:
@@ -133,7 +134,7 @@ def make_crash_file() -> tuple[int | None, str]:
         except OSError as exc:
             if exc.errno in (errno.EMFILE, errno.ENFILE):
                 raise
-            # (ENOSYS on an old kernel, EPERM under a seccomp filter: a temp file instead)
+            # ENOSYS on an old kernel, EPERM under a seccomp filter: a temp file instead.
     try:
         fd, path = tempfile.mkstemp(prefix="pool-crash-")
     except OSError as exc:
@@ -171,11 +172,11 @@ def forget_process(process: Any) -> None:
 def reap(process: Any, timeout: float = 0.0) -> int | None:
     """Join the process (reaping it) and release its descriptors; its exit code, or None.
 
-    The ``Process`` itself is not ``close()``d: code that took it from
+    The ``Process`` itself is not ``close()``d. Code that took it from
     ``executor._processes`` may still ``join()`` it, read ``exitcode`` or ``is_alive()``, or
-    call ``terminate()`` (a no-op now), as with the stdlib. Only its popen is closed, which
-    closes the sentinel's descriptors now rather than whenever the object is collected
-    (what it answers from then on is the exit status it keeps).
+    call ``terminate()``, now a no-op, as with the stdlib. Only its popen is closed. That
+    closes the sentinel's descriptors now rather than whenever the object is collected;
+    from then on the ``Process`` answers from the exit status it keeps.
     """
     process.join(timeout)
     exitcode: int | None = process.exitcode
