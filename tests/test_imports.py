@@ -59,10 +59,13 @@ PACKAGES = {name for name, path in MODULES.items() if path.name == "__init__.py"
 
 
 def _is_module(name: str, known: Iterable[str]) -> bool:
-    """Whether ``name`` is a module (not an attribute of one): pool's by its file, any other
-    by its spec."""
+    """Whether ``name`` is a module (not an attribute of one): pool's by its file, the
+    stdlib's by its spec. Another library is not imported to find out: its names count as
+    attributes of the module they come from."""
     if name == "pool" or name.startswith("pool."):
         return name in known
+    if name.split(".")[0] not in sys.stdlib_module_names:
+        return False
     try:
         return importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
@@ -145,7 +148,7 @@ def imports_in(source: str, module: str, *, is_package: bool = False,
     """Every import in ``source``, the text of ``module``."""
     collector = _ImportCollector(module, is_package, known)
     collector.visit(ast.parse(source))
-    return collector.found
+    return list(dict.fromkeys(collector.found))  # one per statement and module imported
 
 
 def _read_all() -> dict[str, list[Import]]:
