@@ -8,10 +8,11 @@ The packages, by role. Each module opens with what it owns, runs in, guarantees 
 assumes; docs/architecture.md walks through them.
 
 - the API, here: ``_executor`` (``ProcessPool``), ``_mapping`` (``map``), ``_aio``
-  (asyncio), ``_progress``, ``_stats``, ``_shared`` (``pool.shared()``), ``_patch``
-  (``pool.patch()``, with ``_patched`` and the start-up hook in ``_startup``), ``_futures``
-  (``PoolFuture`` and the latches callers wait on), ``_errors``, ``_exit`` (the pools and
-  the process's life: interpreter exit, fork); ``dask`` (optional, never imported here);
+  (asyncio), ``_progress``, ``_stats``, ``_shared`` (``pool.shared()``, ``to_process``),
+  ``_patch`` (``pool.patch()``, with ``_patched`` and the start-up hook in ``_startup``),
+  ``_futures`` (``PoolFuture`` and the latches callers wait on), ``_errors``, ``_exit``
+  (the pools and the process's life: interpreter exit, fork), ``_compat`` (the stdlib's
+  private names that pool relies on); ``dask`` (optional, never imported here);
 - ``_dispatcher``: the dispatcher thread and what callers hand it;
 - ``_core``: the state machine, pure (events in, actions out);
 - ``_worker``: one worker process, its main and the parent's handle on it;
@@ -24,7 +25,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what type checkers see; at run time these load on first use (below)
-    from ._aio import as_completed_async, to_process
+    from ._aio import as_completed_async
     from ._errors import (ArgumentPicklingError, ArgumentUnpicklingError, InitializerError,
                           PoolInternalError, RemoteTaskError, ResultTransferError, TaskInfo,
                           SharedPoolConflict, TaskTimeout, WorkerDied, WorkerProtocolError,
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time these load on first use
     from ._futures import PoolFuture
     from ._patch import Patch, patch
     from ._progress import as_completed
-    from ._shared import Lease, shared
+    from ._shared import Lease, shared, to_process
     from ._stats import PoolStats, WorkerStats
 
 # Loaded on first use, not by ``import pool``. Every worker process imports this package,
@@ -46,12 +47,12 @@ _LAZY = {
                      "TaskInfo", "SharedPoolConflict", "TaskTimeout", "WorkerDied",
                      "WorkerProtocolError", "WorkerStartRefused", "WorkerTerminated"),
                     "_errors"),
-    "as_completed_async": "_aio", "to_process": "_aio",
+    "as_completed_async": "_aio",
     "ProcessPool": "_executor", "ProcessPoolExecutor": "_executor",
     "PoolFuture": "_futures",
     "Patch": "_patch", "patch": "_patch",
     "as_completed": "_progress",
-    "Lease": "_shared", "shared": "_shared",
+    "Lease": "_shared", "shared": "_shared", "to_process": "_shared",
     "PoolStats": "_stats", "WorkerStats": "_stats",
 }
 

@@ -1,21 +1,21 @@
-"""The asyncio surface: ``ProcessPool.run`` and ``amap``, ``as_completed_async`` and
-``to_process`` (with the process-wide pool it runs on).
+"""The asyncio surface of a pool: ``ProcessPool.amap`` and ``as_completed_async`` (and the
+waiting they share: ``ProcessPool.run`` and ``pool.to_process`` await a ``PoolFuture``,
+whose ``__await__`` is ``_futures``').
 
 Owns: nothing of the pool's; only the asyncio side of waiting for its futures and the
-iterators ``amap`` and ``as_completed_async`` return. ``to_process`` runs on the shared pool
-(``pool.shared()``), which ``_default_pool`` alone names.
+iterators ``amap`` and ``as_completed_async`` return.
 Runs in: the event loop's thread. The futures' done-callbacks run on the pool's callback
 threads (or in whichever thread resolved a plain ``Future``) and do one thing: hand the
 future to the loop with ``loop.call_soon_threadsafe``.
 Guarantees:
 - waiting is woken by the futures' done-callbacks, never by a timer or a poll (the only
   timer is ``as_completed_async``'s own timeout): an idle await costs no CPU;
-- cancelling ``run()``, ``to_process()`` or an ``amap`` iteration stops what it submitted:
-  queued tasks are cancelled, running ones stopped (``PoolFuture.stop``: the worker and its
-  process group are killed, a new worker takes the slot); leaving an ``amap`` loop early
-  (``break``, an exception, ``aclose()``) does the same;
-- a task's failure (its exception, ``WorkerDied``, ``TaskTimeout``) is raised by its own
-  ``await``, or by ``amap`` at its position in the results, after which the rest is stopped;
+- cancelling an ``amap`` iteration stops what it submitted: queued tasks are cancelled,
+  running ones stopped (``PoolFuture.stop``: the worker and its process group are killed,
+  a new worker takes the slot); leaving an ``amap`` loop early (``break``, an exception,
+  ``aclose()``) does the same;
+- a task's failure (its exception, ``WorkerDied``, ``TaskTimeout``) is raised by ``amap``
+  at its position in the results, after which the rest is stopped;
 - ``amap`` reads its input only as it submits, at most ``buffersize`` tasks ahead of the
   results taken, and keeps no reference to a result it has yielded;
 - nothing here blocks the loop on the pool: submitting pickles the call (as ``submit``
@@ -24,7 +24,8 @@ Assumes: an ``amap`` or ``as_completed_async`` iterator is used from one event l
 one running when it first waits. An ``amap`` left by ``break`` is closed by asyncio's
 async-generator hooks (on CPython, as soon as the loop drops it: the next loop turn), or
 at the latest when ``asyncio.run`` ends; ``contextlib.aclosing`` closes it at once.
-``asyncio`` is imported on first use, not with ``pool``.
+``asyncio`` is imported on first use, not with ``pool``. The executor imports this module
+(when ``amap`` is called), never the reverse: what ``amap`` needs of the pool it is given.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import collections
 import time
 from concurrent.futures import Future
 from typing import (TYPE_CHECKING, Any, AsyncGenerator, Callable, Generic, Iterable,
-                    Iterator, ParamSpec, TypeVar, cast)
+                    Iterator, TypeVar, cast)
 
 from ._futures import PoolFuture
 
@@ -41,10 +42,8 @@ if TYPE_CHECKING:
     import asyncio
 
     from ._executor import ProcessPool
-    from ._shared import Lease
 
 T = TypeVar("T")
-P = ParamSpec("P")
 F = TypeVar("F", bound="Future[Any]")
 
 
@@ -103,38 +102,6 @@ class _Arrivals(Generic[F]):
 def _wake(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
-
-
-# -- run and to_process ----------------------------------------------------------------------
-
-async def run(executor: ProcessPool, fn: Callable[..., T], args: tuple[Any, ...],
-              kwargs: dict[str, Any], timeout: Any) -> T:
-    """``ProcessPool.run``: the pool's future, awaited; cancelling the await stops the task
-    (``PoolFuture.__await__``)."""
-    return await executor.schedule(fn, args, kwargs, timeout=timeout)
-
-
-async def to_process(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-    """Run ``fn(*args, **kwargs)`` in a worker process and return its result, without
-    blocking the event loop: ``asyncio.to_thread`` for work that needs a process (CPU-bound
-    Python, code that may crash or hang).
-
-    It runs on the process-wide shared pool (:func:`pool.shared`), made at the first call
-    if there is none yet (a worker per CPU; idle workers exit after a minute and start
-    again on demand), and ended at interpreter exit. Cancelling the call stops the task,
-    killing its worker if it runs; a worker's death raises :class:`pool.WorkerDied`.
-    ``fn``, its arguments and its result must be picklable, as with ``submit``. For options
-    (timeouts, ``initializer``), use a pool of your own and its :meth:`ProcessPool.run`.
-    """
-    return await _default_pool().submit(fn, *args, **kwargs)
-
-
-def _default_pool() -> Lease:
-    """Where ``to_process`` runs: a lease on the shared pool, whatever its options (a call
-    that names none never conflicts). The lease is dropped once the task is submitted:
-    releasing it leaves the task, and the pool, running."""
-    from ._shared import shared  # not at the top: _shared imports _executor, which imports us
-    return shared()
 
 
 # -- amap ------------------------------------------------------------------------------------

@@ -242,8 +242,7 @@ class ProcessPool(Executor):
         is queued and stops it if it runs: its worker and the worker's process group are
         killed, and a new worker takes the slot.
         """
-        from . import _aio
-        return await _aio.run(self, fn, args, kwargs, timeout)
+        return await self.schedule(fn, args, kwargs, timeout=timeout)  # PoolFuture.__await__
 
     def amap(self, fn: Callable[..., T], *iterables: Iterable[Any], buffersize: int | None = None,
              ordered: bool = True, chunksize: int = 1) -> AsyncGenerator[T, None]:

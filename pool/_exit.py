@@ -14,7 +14,7 @@ Guarantees:
   copies of the pool's lifeline and task pipes at once, so it cannot keep workers alive; a
   worker the dispatcher itself forks is left alone (it closes what it must itself);
 - such a child can make forkserver pools of its own: it forgets the parent's forkserver
-  (see ``_forget_forkserver``).
+  (see ``_close_in_child``).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import sys
 import threading
 import weakref
 from typing import Any
+
+from . import _compat
 
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
 _registered = False
@@ -64,31 +66,13 @@ def _close_in_child() -> None:
     for dispatcher in list(_live):
         dispatcher.close_in_forked_child()
     _live.clear()
-    _forget_forkserver()
-
-
-def _forget_forkserver() -> None:
-    """In a forked child: ``multiprocessing``'s forkserver handle, copied from the parent,
-    names a server the child did not start, and ``ensure_running()`` checks it with
-    ``waitpid``, which fails here (``ChildProcessError``): no forkserver pool could start a
-    worker in the child (the stdlib's neither). Reset the handle, so that the child's first
-    forkserver worker starts a server of the child's own, and close the child's copy of
-    the parent's server's lifeline (it would keep that server running as long as the child
-    lives). The preload list is kept; the lock is new (another thread may have held it)."""
-    forkserver = sys.modules.get("multiprocessing.forkserver")
-    server = getattr(forkserver, "_forkserver", None)
-    if server is None or getattr(server, "_forkserver_pid", None) is None:
-        return  # the parent started none
-    alive_fd = getattr(server, "_forkserver_alive_fd", None)
-    preload = getattr(server, "_preload_modules", None)
-    server.__init__()
-    if preload is not None:
-        server._preload_modules = preload
-    if alive_fd is not None:
-        try:
-            os.close(alive_fd)
-        except OSError:
-            pass
+    # multiprocessing's forkserver handle, copied from the parent, names a server the child
+    # did not start, and ``ensure_running()`` checks it with ``waitpid``, which fails here
+    # with ``ChildProcessError``: no forkserver pool could start a worker in the child, the
+    # stdlib's neither. Forgotten, the child's first forkserver worker starts a server of
+    # the child's own; the child's copy of the old server's lifeline is closed, or it
+    # would keep that server running as long as the child lives.
+    _compat.forget_inherited_forkserver()
 
 
 def shut_down_at_exit(dispatcher: Any) -> None:
@@ -101,11 +85,8 @@ def shut_down_at_exit(dispatcher: Any) -> None:
     os.register_at_fork(after_in_child=_close_in_child)
     # threading's own exit hooks run before non-daemon threads are joined (the stdlib's
     # executors use them too), so a thread waiting for a result does not hold up the exit.
-    register = getattr(threading, "_register_atexit", None)
     try:
-        if register is None:
-            raise RuntimeError("no threading._register_atexit")
-        register(_shut_down_all)
+        _compat.register_before_threads_joined(_shut_down_all)
     except RuntimeError:  # too late for threading's hooks: use atexit's
         import atexit
         atexit.register(_shut_down_all)

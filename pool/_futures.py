@@ -31,9 +31,11 @@ import math
 import queue
 import threading
 import time
-from _thread import RLock
-from concurrent.futures import Future, _base
+from concurrent.futures import CancelledError, Future, InvalidStateError
 from typing import Any, Callable, Generator, TypeVar
+
+from . import _compat
+from ._compat import RLock
 
 T = TypeVar("T")
 
@@ -56,8 +58,10 @@ BLOCKED_CALLBACK_SECONDS = 1.0
 SIGNAL_CHECK_SECONDS = 0.25
 
 
-_DONE_STATES = (_base.CANCELLED, _base.CANCELLED_AND_NOTIFIED, _base.FINISHED)
-_CANCELLED_STATES = (_base.CANCELLED, _base.CANCELLED_AND_NOTIFIED)
+# Where ``Future`` keeps its state, and in which values (see the class's docstring).
+PENDING, RUNNING, CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED = _compat.future_states()
+_DONE_STATES = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
+_CANCELLED_STATES = (CANCELLED, CANCELLED_AND_NOTIFIED)
 
 
 class Latch:
@@ -133,7 +137,7 @@ class PoolFuture(Future[T]):
 
     def __init__(self) -> None:  # not Future.__init__: see the class docstring
         self._lock = RLock()  # the C type itself: threading.RLock is a Python function
-        self._state = _base.PENDING
+        self._state = PENDING
         self._result: Any = None
         self._exception: BaseException | None = None
         self._waiters: list[Any] = []
@@ -163,8 +167,8 @@ class PoolFuture(Future[T]):
 
     def __repr__(self) -> str:
         state, exception = self._state, self._exception
-        description = _base._STATE_TO_DESCRIPTION_MAP[state]
-        if state == _base.FINISHED:
+        description = _compat.future_state_description(state)
+        if state == FINISHED:
             if _holds_exception(exception):
                 return (f"<{type(self).__name__} at {id(self):#x} state={description} "
                         f"raised {type(exception).__name__}>")
@@ -178,7 +182,7 @@ class PoolFuture(Future[T]):
         return self._state in _CANCELLED_STATES  # one read: no lock needed
 
     def running(self) -> bool:
-        return self._state == _base.RUNNING
+        return self._state == RUNNING
 
     def done(self) -> bool:
         return self._state in _DONE_STATES
@@ -209,8 +213,8 @@ class PoolFuture(Future[T]):
         self._wait_done(timeout)
         state = self._state
         if state in _CANCELLED_STATES:
-            raise _base.CancelledError()
-        if state != _base.FINISHED:
+            raise CancelledError()
+        if state != FINISHED:
             raise TimeoutError()
 
     def result(self, timeout: float | None = None) -> T:
@@ -237,7 +241,7 @@ class PoolFuture(Future[T]):
         try:
             fn(self)
         except Exception:
-            _base.LOGGER.exception("exception calling callback for %r", self)
+            _compat.futures_logger().exception("exception calling callback for %r", self)
 
     def stop(self) -> bool:
         """Stop the task: cancel it if it has not started; if it is running, kill its
@@ -253,11 +257,11 @@ class PoolFuture(Future[T]):
         while True:
             with self._lock:
                 state = self._state
-                if state == _base.FINISHED:
+                if state == FINISHED:
                     return False
                 if state in _CANCELLED_STATES:
                     return True
-                if state == _base.RUNNING:
+                if state == RUNNING:
                     self._stop_requested = True
                     break
             if self.cancel():  # PENDING: an ordinary cancel, unless it just started
@@ -273,11 +277,11 @@ class PoolFuture(Future[T]):
         handler, a forked child. Runs the done-callbacks after releasing it."""
         with self._lock:
             state = self._state
-            if state == _base.RUNNING or state == _base.FINISHED:
+            if state == RUNNING or state == FINISHED:
                 return False
             if state in _CANCELLED_STATES:
                 return True
-            self._state = _base.CANCELLED
+            self._state = CANCELLED
             self._notify_locked()
         if self._stopper is not None:
             self._stopper.cancelled(self._task_id)
@@ -290,15 +294,15 @@ class PoolFuture(Future[T]):
     def set_running_or_notify_cancel(self) -> bool:
         with self._lock:
             state = self._state
-            if state == _base.CANCELLED:
-                self._state = _base.CANCELLED_AND_NOTIFIED
+            if state == CANCELLED:
+                self._state = CANCELLED_AND_NOTIFIED
                 for waiter in self._waiters:
                     waiter.add_cancelled(self)
                 return False
-            if state == _base.PENDING:
-                self._state = _base.RUNNING
+            if state == PENDING:
+                self._state = RUNNING
                 return True
-        _base.LOGGER.critical("Future %s in unexpected state: %s", id(self), state)
+        _compat.futures_logger().critical("Future %s in unexpected state: %s", id(self), state)
         raise RuntimeError("Future in unexpected state")
 
     def set_result(self, result: T) -> None:
@@ -317,16 +321,16 @@ class PoolFuture(Future[T]):
                 ended = None
             else:
                 self._result, self._exception = result, exception
-                self._state = _base.FINISHED
+                self._state = FINISHED
                 for waiter in self._waiters:
                     if failed:
                         waiter.add_exception(self)
                     else:
                         waiter.add_result(self)
                 self._notify_locked()
-                ended = _base.FINISHED
+                ended = FINISHED
         if ended is None and not self._stop_requested:
-            raise _base.InvalidStateError(f"{state}: {self!r}")
+            raise InvalidStateError(f"{state}: {self!r}")
         self._after_end(ended)
 
     def _end_cancelled(self) -> None:
@@ -339,9 +343,9 @@ class PoolFuture(Future[T]):
         """The state it ended cancelled from, or None if it had already ended. Called
         with ``_lock`` held."""
         state = self._state
-        if state in (_base.FINISHED, _base.CANCELLED_AND_NOTIFIED):
+        if state in (FINISHED, CANCELLED_AND_NOTIFIED):
             return None
-        self._state = _base.CANCELLED_AND_NOTIFIED
+        self._state = CANCELLED_AND_NOTIFIED
         for waiter in self._waiters:
             waiter.add_cancelled(self)
         self._notify_locked()
@@ -353,7 +357,7 @@ class PoolFuture(Future[T]):
         if ended_from is None:
             return
         self._wake()
-        if ended_from != _base.CANCELLED:
+        if ended_from != CANCELLED:
             self._invoke_callbacks()
 
     def _when_done(self, hook: Callable[[Future[Any]], None]) -> None:

@@ -25,9 +25,10 @@ import logging
 import queue
 import threading
 from concurrent import futures
-from concurrent.futures import Future, _base
+from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar, Union
 
+from . import _compat
 from ._futures import Latch, PoolFuture
 
 T = TypeVar("T")
@@ -37,9 +38,6 @@ logger = logging.getLogger("pool")
 # How long the end of a loop waits for a progress object to take the last counts. Past
 # this the object is stuck: say so and go on. The loop's results are all delivered anyway.
 FINISH_SECONDS = 5.0
-
-
-_CANCELLED = (_base.CANCELLED, _base.CANCELLED_AND_NOTIFIED)
 
 # While counts keep arriving, the progress object is called at most once per this interval.
 UPDATE_SECONDS = 0.02
@@ -86,8 +84,7 @@ class Progress:
         count = self._counts.put
 
         def counted(f: Future[Any]) -> None:
-            # The state, read without the future's lock: it is final once done.
-            count(0 if f._state in _CANCELLED else items)
+            count(0 if _compat.done_future_cancelled(f) else items)  # reads no lock: a done future's state is final
 
         if isinstance(future, PoolFuture):
             # No hop through a callback thread: the pool's futures are resolved by its

@@ -1,6 +1,7 @@
 """The command line, ``python -m pool``: ``demo``, ``map`` and ``run``.
 
-Owns: parsing and dispatch (``main``); ``map``'s options, inputs, job log, output lines and
+Owns: parsing and dispatch (``main``); what every command says to the terminal and its
+exit statuses (``console``); ``map``'s options, inputs, job log, output lines and
 its run (``options``, ``inputs``, ``joblog``, ``lines``, ``write``, ``output``,
 ``results``, ``map_run``) and what it runs in a worker (``task``); ``run`` (``program``);
 the demo (``demo``).

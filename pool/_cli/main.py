@@ -4,14 +4,13 @@ with its process pools on pool.
 
 Owns: the standard descriptors, opening the input and the job log, and the exit status.
 A run stopped by a signal ends by that signal. ``map``'s options are in ``options``, its
-run in ``map_run``.
+run in ``map_run``, the exit statuses in ``console``.
 Runs in: the main thread of a command-line process.
 """
 
 from __future__ import annotations
 
 import argparse
-import atexit
 import multiprocessing
 import os
 import signal
@@ -19,10 +18,12 @@ import stat
 import sys
 from typing import Callable, Sequence
 
+from .. import _compat
+from .console import (EXIT_INTERRUPTED, EXIT_MANY_FAILED, EXIT_OK, EXIT_PIPE, EXIT_USAGE,
+                      flush_quietly, is_open, say)
 from .inputs import counter, read_inputs, records_of, records_of_arguments
 from .joblog import Joblog, JoblogError, Resume, read_joblog
-from .options import (EXIT_INTERRUPTED, EXIT_MANY_FAILED, EXIT_OK, EXIT_PIPE, EXIT_USAGE,
-                      Options, build_parsers, flush_quietly, is_open)
+from .options import Options, build_parsers
 from .map_run import End, Run, RunSummary
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -32,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         status = _command(argv)
     except KeyboardInterrupt:   # before the run took the signals over (importing, opening)
-        _say("pool: interrupted")
+        say("pool: interrupted")
         status = EXIT_INTERRUPTED
     signum = _SIGNAL_OF_STATUS.get(status)
     if signum is not None:
@@ -82,7 +83,7 @@ def _fill_closed_standard_fds() -> frozenset[int]:
 def _die_by(signum: int) -> None:
     # What the interpreter's exit would do first: the atexit functions (multiprocessing
     # removes its temporary directory there), and the streams flushed.
-    atexit._run_exitfuncs()
+    _compat.run_atexit_functions()
     for stream in (sys.stdout, sys.stderr):
         flush_quietly(stream)
     signal.signal(signum, signal.SIG_DFL)
@@ -90,18 +91,8 @@ def _die_by(signum: int) -> None:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})  # if it was blocked, now
 
 
-def _say(text: str) -> None:
-    """A line on standard error, if there is one to write to."""
-    try:
-        if sys.stderr is not None:
-            sys.stderr.write(text + "\n")
-            sys.stderr.flush()
-    except Exception:
-        pass
-
-
 def _usage(message: str) -> int:
-    _say(f"python -m pool map: error: {message}")
+    say(f"python -m pool map: error: {message}")
     return EXIT_USAGE
 
 

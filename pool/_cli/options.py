@@ -1,6 +1,6 @@
 """The command line of ``python -m pool map``: its parser and ``--help`` text, the checks
-on each option's value, loading the function, the exit statuses, and the options
-resolved for a run (``Options``).
+on each option's value, loading the function, and the options resolved for a run
+(``Options``).
 
 Runs in: the command's main thread, before the run.
 """
@@ -18,18 +18,12 @@ import sys
 from typing import Any, Callable, Iterator, NamedTuple, NoReturn
 
 from .. import __version__
+from .console import EXIT_USAGE, flush_quietly, is_open
 from .joblog import Joblog, Resume
 
 RETRY_KINDS = ("died", "timeout", "error")
 
-# Exit statuses of ``map`` (GNU parallel's convention, plus the shell's for signals).
-EXIT_OK = 0               # every input succeeded
-EXIT_MANY_FAILED = 101    # more than 100 inputs failed (1-100: exactly that many failed)
-EXIT_USAGE = 255          # bad options, function, input or job log; standard output
-                          # failing; an internal error (each explained on standard error)
-EXIT_INTERRUPTED = 130    # Ctrl-C (128 + SIGINT)
-EXIT_PIPE = 141           # standard output was closed (128 + SIGPIPE), e.g. by `| head`
-
+# The exit statuses (``console``), as ``--help`` tells them.
 EXIT_STATUS_HELP = """\
 exit status:
   0       every input succeeded
@@ -94,14 +88,6 @@ def _stdout_to_stderr() -> Iterator[None]:
         flush_quietly(sys.stdout)
         os.dup2(saved, 1)
         os.close(saved)
-
-
-def flush_quietly(stream: Any) -> None:
-    try:
-        if stream is not None:
-            stream.flush()
-    except Exception:
-        pass
 
 
 def _import_script(path: str) -> Any:
@@ -333,10 +319,3 @@ class Options:
     resume: Resume | None                   # --resume, --resume-failed
     window: int
 
-
-def is_open(fd: int) -> bool:
-    try:
-        os.fstat(fd)
-    except OSError:
-        return False
-    return True

@@ -20,8 +20,7 @@ import signal
 import sys
 from typing import Sequence
 
-from .main import _say
-from .options import EXIT_USAGE, flush_quietly
+from .console import EXIT_USAGE, flush_quietly, say
 from .._patch import ENVIRONMENT_VARIABLE, interpreter_key
 
 USAGE = """\
@@ -117,7 +116,7 @@ def run_program(arguments: Sequence[str]) -> int:
         return _exec(found, [program, *rest])
     if program.endswith(_PYTHON_SUFFIXES) or os.path.isdir(program):
         return by_python()   # python says what is wrong with it
-    _say(f"python -m pool run: {program}: command not found")
+    say(f"python -m pool run: {program}: command not found")
     return EXIT_NOT_FOUND
 
 
@@ -151,7 +150,7 @@ def _exec(path: str, argv: list[str]) -> int:
             # An executable text without "#!": a shell runs it with sh, so this does.
             os.execve("/bin/sh", ["sh", path, *argv[1:]], environment)
     except OSError as exc:
-        _say(f"python -m pool run: {argv[0]}: {exc.strerror}")
+        say(f"python -m pool run: {argv[0]}: {exc.strerror}")
         # As a shell does: 127 when the program or its #! interpreter is not there.
         return EXIT_NOT_FOUND if exc.errno == errno.ENOENT else EXIT_NOT_RUNNABLE
     raise AssertionError("execve returned")   # it only returns by raising
@@ -175,8 +174,8 @@ def _flags() -> list[str]:
     Those that would keep the patch out are left out, with a word on standard error."""
     flags, left_out = interpreter_options(sys.orig_argv[1:])
     if left_out:
-        _say(f"python -m pool run: not passed on to the program: {' '.join(left_out)} "
-             f"(it would keep the program from being patched)")
+        say(f"python -m pool run: not passed on to the program: {' '.join(left_out)} "
+            f"(it would keep the program from being patched)")
     return flags
 
 
@@ -215,5 +214,5 @@ def interpreter_options(arguments: Sequence[str]) -> tuple[list[str], list[str]]
 
 
 def _usage(message: str) -> int:
-    _say(f"python -m pool run: error: {message}\n(python -m pool run --help shows how)")
+    say(f"python -m pool run: error: {message}\n(python -m pool run --help shows how)")
     return EXIT_USAGE

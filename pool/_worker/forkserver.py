@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import _compat
+
 
 def preload_in_forkserver(context: Any, *modules: str) -> None:
-    from multiprocessing import forkserver
-    server = forkserver._forkserver
-    if getattr(server, "_forkserver_pid", None) is not None:
+    if _compat.forkserver_pid() is not None:
         return  # already running: it keeps what it has
-    preload = list(getattr(server, "_preload_modules", ["__main__"]))
+    preload = _compat.forkserver_preload()
     missing = [name for name in modules if name not in preload]
     if missing:
         context.set_forkserver_preload(preload + missing)

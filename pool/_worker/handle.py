@@ -24,37 +24,17 @@ other workers' task pipes.
 
 from __future__ import annotations
 
-import multiprocessing.util
 import os
 import signal
 import threading
 import traceback
 from typing import Any, Callable, NamedTuple
 
+from .. import _compat
 from .._wire import frames as _frames, limits as _limits, pipes as _pipes
 from . import teardown as _teardown
 from .._wire.frames import Frame, FrameReader, Kind
 from .main import DUMP_SIGNAL, InheritedFd, Initializer, WorkerSetup, worker_main
-
-# multiprocessing's Popen.__init__ flushes the parent's standard streams before it starts
-# any process. On the dispatcher thread, that would block the whole pool while the
-# program's own output is blocked (a full pipe, a paused pager): no reply delivered, no
-# death seen, no timeout fired. The pool has no need of it: a forked worker drops what it
-# inherited unwritten (streams.drop_inherited_output), and a spawned one inherits nothing.
-# So the dispatcher's starts skip the flush; every other start, in this process or any
-# other, flushes as before. The flag is keyed by pid: a forked child keeps a copy of the
-# starting thread's state.
-_starting_worker = threading.local()
-_flush_std_streams = multiprocessing.util._flush_std_streams  # type: ignore[attr-defined]
-
-
-def _flush_unless_the_pool_starts_a_worker() -> None:
-    if getattr(_starting_worker, "pid", None) != os.getpid():
-        _flush_std_streams()
-
-
-multiprocessing.util._flush_std_streams = (  # type: ignore[attr-defined]
-    _flush_unless_the_pool_starts_a_worker)
 
 # How long a worker whose sentinel fired may take to become reapable: the sentinel can
 # report the exit a moment before the kernel lets the process be reaped.
@@ -242,11 +222,8 @@ class WorkerHandle:
                                 max_tasks=max_tasks, max_memory=max_memory,
                                 fds_to_close=to_close, forked=inherited_fds is not None)
             process = ctx.Process(target=worker_main, args=(setup,), name=name)
-            _starting_worker.pid = os.getpid()
-            try:
+            with _compat.std_streams_left_unflushed():  # a blocked stdout must not block us
                 process.start()
-            finally:
-                _starting_worker.pid = None
         except BaseException as exc:
             _teardown.close_fds(*opened)
             _release_failed_start(exc)
@@ -256,8 +233,7 @@ class WorkerHandle:
         handle = cls(process, task_w, reply_r, crash_fd, reclaim_fd, on_write_done,
                      no_crash_file)
         if getattr(ctx, "get_start_method", lambda: None)() == "forkserver":
-            from multiprocessing import forkserver
-            handle._forkserver = getattr(forkserver._forkserver, "_forkserver_pid", None)
+            handle._forkserver = _compat.forkserver_pid()
         return handle
 
     def parent_fds(self) -> list[int]:

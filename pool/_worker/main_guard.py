@@ -25,6 +25,8 @@ import os
 import sys
 from types import FrameType, ModuleType
 
+from .. import _compat
+
 
 # The main script's path while it ran (see ``keep_main_importable``).
 _main_path: str | None = None
@@ -115,7 +117,7 @@ def _top_level_frame(main: ModuleType | None) -> FrameType | None:
     """The frame running the main script's top level, if it is on this thread's stack."""
     if main is None:
         return None
-    frame: FrameType | None = sys._getframe()
+    frame: FrameType | None = _compat.calling_frame()
     while frame is not None:
         if frame.f_globals is vars(main) and frame.f_code.co_name == "<module>":
             return frame

@@ -13,10 +13,11 @@ a zombie still holds its pid, so an id the kernel recycled is never hit.
 from __future__ import annotations
 
 import errno
-import multiprocessing.process
 import os
 import tempfile
 from typing import Any
+
+from .. import _compat
 
 _CRASH_REPORT_LIMIT = 64 * 1024
 
@@ -164,9 +165,7 @@ def forget_process(process: Any) -> None:
     exit: a process stuck for good would hang that exit. Dropped from that set and from
     our references, its ``Process`` is collected and its descriptors closed.
     """
-    children = getattr(multiprocessing.process, "_children", None)
-    if isinstance(children, set):
-        children.discard(process)
+    _compat.forget_child_process(process)
 
 
 def reap(process: Any, timeout: float = 0.0) -> int | None:
@@ -181,7 +180,5 @@ def reap(process: Any, timeout: float = 0.0) -> int | None:
     process.join(timeout)
     exitcode: int | None = process.exitcode
     if exitcode is not None:
-        popen = getattr(process, "_popen", None)
-        if popen is not None and hasattr(popen, "close"):
-            popen.close()
+        _compat.close_process_popen(process)
     return exitcode
