@@ -1124,9 +1124,9 @@ def test_resume_after_a_run_killed_while_writing_its_log_appends_whole_lines(tmp
 
 @pytest.mark.timeout(90)
 def test_an_internal_error_stops_the_workers_and_exits_255(tmp_path):
-    inject = ("import sys, pool._cli.map_run as run\n"
+    inject = ("import sys, pool._cli.results as results\n"
               "def broken(*args): raise RuntimeError('injected fault')\n"
-              "run.Results.failed_input = broken\n"
+              "results.Results.failed_input = broken\n"
               "from pool._cli.main import main\n"
               "sys.exit(main(sys.argv[1:]))\n")
     # The fault comes with the failure of an input that fails only once sleep60 runs, so

@@ -128,7 +128,7 @@ def test_a_failing_initializer_is_logged_in_the_worker_and_breaks_the_pool(ctx):
 
 
 @pytest.mark.skipif(sys.version_info[:2] == (3, 12), reason="on 3.12 a decoded exception's "
-                    "frames still lead to the dispatcher's loop (see _pickling._loads_detached)")
+                    "frames still lead to the dispatcher's loop (see exceptions._loads_detached)")
 def test_a_pool_whose_initializer_failed_is_freed_without_the_gc():
     # The initializer's exception, rebuilt by tblib, must not lead back to the dispatcher
     # that keeps it: that cycle kept initargs (CPython's test: a Queue's semaphores) alive

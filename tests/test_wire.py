@@ -1,5 +1,6 @@
-"""The wire: frames (``_frames``), pipe mechanics (``_pipes``) and pickling (``_pickling``), in
-one process: the reader never blocks and never trusts garbage."""
+"""The wire: frames (``_frames``), pipe mechanics (``_pipes``), pickling (``_pickling``) and
+exceptions on the wire (``_exceptions``), in one process: the reader never blocks and never
+trusts garbage."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pool
 import tasks
-from pool._wire import frames as _frames, pickling as _pickling, pipes as _pipes
+from pool._wire import (exceptions as _exceptions, frames as _frames, pickling as _pickling,
+                        pipes as _pipes)
 from pool._wire.frames import Frame, FrameReader, Kind
 
 
@@ -125,7 +127,7 @@ def test_exceptions_travel_with_frames_and_chain():
     try:
         tasks.raise_chained()
     except RuntimeError as exc:
-        error = _pickling.decode_exception(_pickling.encode_exception(exc))
+        error = _exceptions.decode_exception(_exceptions.encode_exception(exc))
     assert type(error) is RuntimeError and type(error.__context__) is FileNotFoundError
     assert error.__traceback__ is not None
 
@@ -142,7 +144,7 @@ def test_an_exception_that_cannot_be_pickled_sends_the_pickling_error_with_the_o
     try:
         tasks.raise_unpicklable()
     except Exception as exc:
-        error = _pickling.decode_exception(_pickling.encode_exception(exc))
+        error = _exceptions.decode_exception(_exceptions.encode_exception(exc))
     assert type(error) is TypeError and "pickle" in str(error)
     assert isinstance(error.__cause__, pool.RemoteTaskError)
     assert error.__cause__.type_name == "tasks.Unpicklable"
@@ -278,7 +280,8 @@ def test_a_large_call_that_fails_to_unpickle_is_skipped_to_its_end():
         stream = _frames.FrameStream(read_fd)
         functions = _worker._FunctionCache()
         kind, body = _worker._run_call(functions, stream.next().body)
-        assert kind is Kind.RAISED and "fails-to-unpickle" in str(_pickling.decode_exception(body))
+        assert kind is Kind.RAISED
+        assert "fails-to-unpickle" in str(_exceptions.decode_exception(body))
         kind, body = _worker._run_call(functions, stream.next().body)
         assert (kind, pickle.loads(b"".join(body))) == (Kind.RESULT, 2)
     finally:

@@ -4,7 +4,7 @@ with its process pools on pool.
 
 Owns: the standard descriptors, opening the input and the job log, and the exit status.
 A run stopped by a signal ends by that signal. ``map``'s options are in ``options``, its
-run in ``map_run``, the exit statuses in ``console``.
+run in ``map_run`` and the modules it names, the exit statuses in ``console``.
 Runs in: the main thread of a command-line process.
 """
 
@@ -24,7 +24,8 @@ from .console import (EXIT_INTERRUPTED, EXIT_MANY_FAILED, EXIT_OK, EXIT_PIPE, EX
 from .inputs import counter, read_inputs, records_of, records_of_arguments
 from .joblog import Joblog, JoblogError, Resume, read_joblog
 from .options import Options, build_parsers
-from .map_run import End, Run, RunSummary
+from .map_end import End, RunSummary
+from .map_run import Run
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command and returns its exit status. A run stopped by a signal instead

@@ -1,0 +1,79 @@
+"""The picklers that write frame bodies: the protocol, the collectors that keep large payloads
+out of the pickle stream, and the picklers kept for use again.
+
+Owns: ``PROTOCOL``; how a pickler's output is collected (``Snapshot``, ``Borrow``); the
+picklers kept per thread and collector (``kept_picklers``).
+Runs in: callers' threads (pickling a call) and the worker (pickling a result). A kept
+pickler belongs to one thread.
+Guarantees: what a ``Snapshot`` holds no longer changes with the caller's objects; what a
+``Borrow`` holds is flat bytes or a byte view, ready for ``writev``. A pickler that failed
+is not kept: the next dump gets a fresh one.
+Assumes: a ``Borrow``'s buffers are written before the value they borrow from changes.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from typing import Any
+
+from .frames import Buffers
+
+PROTOCOL = 5
+
+
+class Snapshot(list):  # type: ignore[type-arg]
+    """Collects what a pickler writes. The pickler hands large payloads over by reference
+    instead of copying them into its stream. ``bytes`` are immutable and kept as they are.
+    Anything else is copied: a caller that changes a bytearray after submit() must not
+    change what the task receives."""
+
+    def write(self, data: Any) -> None:
+        # tobytes("A"): the memory as it is laid out (a Fortran-order array stays one).
+        self.append(data if type(data) is bytes else memoryview(data).tobytes("A"))
+
+
+class Borrow(list):  # type: ignore[type-arg]
+    """Collects what a pickler writes, payloads by reference: for a value written at once."""
+
+    def write(self, data: Any) -> None:
+        if type(data) is not bytes:  # a bytearray or a buffer: as flat bytes, for writev
+            view = memoryview(data)
+            data = view.cast("B") if view.c_contiguous else view.tobytes("A")
+        self.append(data)
+
+
+def dump(obj: Any, collector: type[list[Any]], pickler_class: type[Any] = pickle.Pickler
+         ) -> Buffers:
+    """``obj`` pickled by a new pickler of ``pickler_class`` into a new ``collector``."""
+    parts = collector()
+    pickler_class(parts, PROTOCOL).dump(obj)
+    return parts
+
+
+class KeptPicklers(threading.local):
+    """One pickler per collector type and thread, used again and again: making a pickler
+    costs more than pickling a small call with it (measured: 1.0 us against 0.4 us). A
+    dump made while the pickler is in use, by a user ``__reduce__`` that pickles a call,
+    gets a fresh one."""
+
+    def __init__(self) -> None:
+        self.idle: dict[type[list[Any]], tuple[Any, list[Any]]] = {}
+
+    def dump(self, obj: Any, collector: type[list[Any]]) -> Buffers:
+        kept = self.idle.pop(collector, None)
+        if kept is None:
+            parts: Any = collector()
+            kept = (pickle.Pickler(parts, PROTOCOL), parts)
+        pickler, parts = kept
+        try:
+            pickler.dump(obj)
+            result: Buffers = parts[:]
+        finally:
+            pickler.clear_memo()  # let go of what was pickled
+            parts.clear()
+        self.idle[collector] = kept  # not reached on error: that pickler is dropped
+        return result
+
+
+kept_picklers = KeptPicklers()
