@@ -2,6 +2,7 @@
 
 Owns: nothing but the rule. Runs in: the dispatcher thread, for the machine's parts.
 Guarantees: the wait doubles with each time in a row, from ``first`` up to ``most``.
+Assumes: the count starts at 1.
 """
 
 from __future__ import annotations

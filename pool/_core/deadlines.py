@@ -8,8 +8,9 @@ Guarantees: the wait and ``tick`` read the same listing, so no deadline can be w
 and never fired, or fired and never waited for; every kind has a firing rule, checked at
 import. Deadlines fire in the order listed: the pool's, then every slot's reclaim, then
 every running task's, then every slot's own. A deadline that firing moves, such as the
-next escalation step, is read after that firing.
-Assumes: the listing is cheap: it allocates nothing for a slot with no deadline.
+next escalation step, is read after that firing. The listing is cheap, as the wait reads
+it on every turn: it allocates nothing for a slot with no deadline.
+Assumes: firing a deadline adds or removes no slot, so the listing may go on meanwhile.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ class Deadlines:
 
     def fire_due(self, now: float) -> tuple[list[Action], bool]:
         """Fire every deadline that has passed. Returns their actions, and whether the
-        machine is to schedule afterwards: once, whatever fired."""
+        machine is to schedule once they all fired."""
         actions: list[Action] = []
         schedule = False
         for when, kind, slot in self.listed():

@@ -1,7 +1,7 @@
 """Ending a worker: the escalation as one table, and how the task it ran ends.
 
 Owns: ``STEPS``, each step's action, grace period and next step; the ``Stopping`` record
-of each STOPPING slot (how far its ending has gone, and why).
+of each STOPPING slot: how far its ending has gone, and why.
 Runs in: the dispatcher thread, inside ``StateMachine``.
 Guarantees: a worker is only ever taken to a harder step: never the same step twice, never
 an easier one after a harder. Each step but the last has a grace period from ``Timeouts``;

@@ -1,11 +1,15 @@
 """The slot/task state machine: which task runs where, and what to do when anything happens.
 
 Owns: the protocol between the pool and its workers, as events in and actions out. Its
-parts own the policies: ``placement`` (which worker runs which task, pipelining, taking
-tasks back), ``staffing`` (starting and stopping workers, closing), ``escalation``
-(ending a worker), ``start_failures`` (failed and refused starts), ``stalls`` (workers
-that do not read), ``deadlines`` (every deadline, for the wait and for ``tick``); all of
-them share one ``records.Records``, the only place that moves a task, a slot or the pool.
+parts own the policies, and share one ``records.Records``, the only place that moves a
+task, a slot or the pool:
+- ``placement``: which worker runs which task, pipelining, taking tasks back;
+- ``staffing``: starting workers and letting them go;
+- ``lifecycle``: how the pool winds down, by shutdown, terminate or breaking, and closes;
+- ``escalation``: ending a worker, step by step;
+- ``start_failures``: workers that fail to start, starts the system refuses;
+- ``stalls``: workers that do not read what they were sent;
+- ``deadlines``: every deadline, listed once for the wait and for ``tick``.
 Runs in: the dispatcher thread only. It performs no I/O: events come in as method calls
 and leave as a list of actions for the dispatcher to carry out; time comes from the
 ``clock`` it is given, ``time.monotonic`` in the pool and a fake one in tests.
@@ -33,6 +37,8 @@ Guarantees:
   started follows from each task's frame size, told once at submit;
 - an impossible transition raises ``InvalidTransition`` at once: an internal error, the
   pool's own bug, never a worker's.
+Assumes: the dispatcher reports each event once, as it happens, and carries out every
+action it is given, in order.
 """
 
 from __future__ import annotations
@@ -180,8 +186,8 @@ class StateMachine:
 
     def callers_cancelled(self, task_ids: list[int]) -> list[Action]:
         """Their callers cancelled these tasks' futures while they were queued: they leave
-        the queue, in O(1) each. Tasks no longer queued are skipped: already sent (found
-        cancelled at send time: ``send_cancelled``), ended, or never known."""
+        the queue, in O(1) each. Tasks no longer queued are skipped: already sent, which
+        ``send_cancelled`` hears of, ended, or never known."""
         actions: list[Action] = []
         for task_id in task_ids:
             task = self._tasks.get(task_id)

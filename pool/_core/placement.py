@@ -16,8 +16,8 @@ Guarantees:
   more are queued behind it;
 - a task that never started goes back to the front of the queue, keeping its place, or
   is cancelled when the pool is terminating or its caller stopped it;
-- a worker that has run ``max_tasks_per_child`` tasks retires; one whose last task was
-  taken back before it read it takes tasks again.
+- a worker sent ``max_tasks_per_child`` tasks retires. If one of them comes back unsent
+  or unread, it takes tasks again, unless it retires for its memory.
 Assumes: ``Records`` moves every task and slot; the escalator ends a worker whose task
 was stopped before it started.
 """

@@ -5,9 +5,10 @@ slots are in each state.
 Runs in: the dispatcher thread, through ``StateMachine`` and its parts, which share one
 ``Records``.
 Guarantees: a task, a slot or the pool moves only by ``move_task``, ``move_slot`` or
-``move_life``, and only as the tables in ``states`` allow (else ``InvalidTransition``);
-what a move resets, it resets here, in sight: an ended task leaves the records, a task
-that stops running loses its deadline, a slot that empties forgets its worker.
+``move_life``, and only as the tables in ``states`` allow: any other move raises
+``InvalidTransition``. What a move resets, it resets here, in sight: an ended task leaves
+the records, a task that stops running loses its deadline, a slot that empties forgets
+its worker and its ending.
 Assumes: the clock never goes back.
 """
 

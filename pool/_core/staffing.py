@@ -45,6 +45,7 @@ class Staffing:
             return []  # every slot has a process: nothing to start, the common case
         if self._starts.retry_at is not None:
             return []  # the system refused the last start: tick tries again
+        # After a refusal, one start at a time, until a worker is READY: a probe.
         probing = self._starts.probing
         if probing and in_state[SlotState.STARTING]:
             return []
@@ -53,7 +54,8 @@ class Staffing:
         now = records.clock()
         for slot in records.slots:
             if slot.state is SlotState.EMPTY and life is PoolLife.OPEN and not slot.idled_out:
-                # Refill: a slot that ran a worker gets a new one, work or not.
+                # Refill: a slot that ran a worker gets a new one, work or not, unless
+                # its worker idled out: then only when work needs it, below.
                 records.move_slot(slot, SlotState.STARTING)
                 actions.append(Spawn(slot.index))
                 if probing:

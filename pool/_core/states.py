@@ -6,6 +6,7 @@ records of one task and one slot.
 Runs in: the dispatcher thread, through ``StateMachine``.
 Guarantees: every state is named here and every legal move is in a table;
 ``records.Records`` refuses any other move with ``InvalidTransition``.
+Assumes: only ``records.Records`` changes a state.
 """
 
 from __future__ import annotations
