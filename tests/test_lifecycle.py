@@ -16,7 +16,7 @@ import pytest
 
 import pool
 import tasks
-from pool._core.machine import MAX_START_FAILURES
+from pool._core.start_failures import MAX_START_FAILURES
 from helpers import TESTS_DIR, START_METHODS, process_exists, run_script, wait_until
 
 THOUSAND_DEATHS = '''

@@ -24,7 +24,7 @@ import pytest
 import pool
 import tasks
 from helpers import open_fds, process_exists, wait_until
-from pool._core.machine import MAX_REFUSED_STARTS
+from pool._core.start_failures import MAX_REFUSED_STARTS
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
 

@@ -12,10 +12,11 @@ from pool._core.actions import (AskToExit, Broken, Cancel, Departure, DumpStack,
                                 Stopped, Unreaped, WorkerGone)
 from pool._core.states import (Ending, Escalation, InvalidTransition, PoolLife, SlotState,
                                TaskState, Timeouts)
-from pool._core.machine import (MAX_REFUSED_STARTS, MAX_START_FAILURES,
-                                RECLAIM_AFTER_SECONDS, STALL_FIRST_SECONDS,
-                                STALL_MAX_SECONDS, START_RETRY_FIRST_SECONDS,
-                                START_RETRY_MAX_SECONDS, UNREAD_AFTER_SECONDS, StateMachine)
+from pool._core.machine import StateMachine
+from pool._core.placement import RECLAIM_AFTER_SECONDS
+from pool._core.stalls import STALL_FIRST_SECONDS, STALL_MAX_SECONDS, UNREAD_AFTER_SECONDS
+from pool._core.start_failures import (MAX_REFUSED_STARTS, MAX_START_FAILURES,
+                                       START_RETRY_FIRST_SECONDS, START_RETRY_MAX_SECONDS)
 
 
 class FakeClock:
@@ -55,7 +56,7 @@ def start_warm(m: StateMachine, *slots: int) -> list:
     """Start workers whose last task was short, on pipes that can give frames back, so that
     small tasks are pipelined to them."""
     for slot in slots:
-        m.slots[slot].last_duration = 0.0
+        m.slots[slot].worker.last_duration = 0.0
     return start(m, *slots, pipelining=True)
 
 
@@ -410,7 +411,7 @@ def test_stop_escalates_terminate_then_kill_then_reports():
     assert m.tick() == [Signal(0, signal.SIGKILL)]
     clock.now += 5
     assert m.tick() == [Unreaped(0)]
-    assert m.slots[0].escalation is Escalation.GIVEN_UP and m.next_deadline() is None
+    assert m.slots[0].stopping.escalation is Escalation.GIVEN_UP and m.next_deadline() is None
     assert exited(m, 0) == [] and m.closed
 
 
@@ -444,8 +445,8 @@ def test_a_timeout_counts_from_the_start_of_running_not_from_submit():
     assert m.tick() == []
     clock.now += 0.1
     assert m.tick() == [DumpStack(0)]
-    assert m.slots[0].escalation is Escalation.DUMPING
-    assert m.slots[0].ending is Ending.TIMED_OUT
+    assert m.slots[0].stopping.escalation is Escalation.DUMPING
+    assert m.slots[0].stopping.ending is Ending.TIMED_OUT
 
 
 def test_a_timed_out_task_fails_with_its_timeout_and_the_slot_is_refilled():
@@ -492,7 +493,7 @@ def test_stopping_a_running_task_kills_its_worker_and_cancels_it():
     m.submit(1, frame_bytes=LARGE), m.submit(2, frame_bytes=LARGE)
     start(m, 0, 1)
     assert m.stop_task(1) == [Signal(0, signal.SIGKILL)]
-    assert m.slots[0].ending is Ending.STOPPED
+    assert m.slots[0].stopping.ending is Ending.STOPPED
     assert exited(m, 0) == [Stopped(1, ran=True), Spawn(0)]
     assert m.task_state(2) is TaskState.RUNNING  # the other worker's task is untouched
 
@@ -560,7 +561,7 @@ def test_taking_back_every_task_sent_requeues_the_running_one_too():
     start_warm(m, 0)
     assert m.slots[0].state is SlotState.RETIRING  # its quota is used up by 1 and 2
     assert m.tasks_reclaimed(0, [1, 2]) == [Send(0, 1), Send(0, 2)]  # it never read them
-    assert m.task_state(1) is TaskState.RUNNING and m.slots[0].assigned_count == 2
+    assert m.task_state(1) is TaskState.RUNNING and m.slots[0].worker.assigned_count == 2
 
 
 def test_no_pipelining_behind_a_long_running_task_or_into_a_pipe_that_cannot_give_back():
@@ -570,7 +571,7 @@ def test_no_pipelining_behind_a_long_running_task_or_into_a_pipe_that_cannot_giv
     clock.now += 2 * RECLAIM_AFTER_SECONDS
     m.submit(2, frame_bytes=SMALL)
     assert m.queued == [2]
-    m.slots[1].last_duration = 0.0
+    m.slots[1].worker.last_duration = 0.0
     assert m.worker_ready(1, pipelining=False) == [Send(1, 2)]
     m.submit(3, frame_bytes=SMALL)
     assert m.queued == [3]
@@ -618,7 +619,7 @@ def test_terminate_escalates_a_worker_already_asked_to_stop():
     m.task_replied(0, 1)
     assert m.shutdown(cancel_futures=False) == [AskToExit(0)]
     assert m.terminate(signal.SIGTERM) == [Signal(0, signal.SIGTERM)]
-    assert m.slots[0].escalation is Escalation.TERMINATED
+    assert m.slots[0].stopping.escalation is Escalation.TERMINATED
 
 
 def test_a_worker_over_its_memory_limit_retires_after_its_reply():
@@ -639,7 +640,7 @@ def test_a_worker_given_up_on_is_dropped_and_its_task_fails():
     m.stop_task(1)
     clock.now += 5
     assert m.tick() == [Unreaped(0)]
-    assert m.slots[0].escalation is Escalation.GIVEN_UP
+    assert m.slots[0].stopping.escalation is Escalation.GIVEN_UP
     # The dispatcher reports the pid and drops the process; the slot is refilled.
     assert exited(m, 0) == [Stopped(1, ran=True), Spawn(0)]
 
@@ -688,7 +689,7 @@ def test_a_batch_that_completes_a_task_resets_the_failed_starts_even_if_it_ends_
     for task_id in (1, 2):
         m.submit(task_id, frame_bytes=SMALL)
     start_warm(m, 0)
-    m.start_failures = MAX_START_FAILURES - 1  # (as if other slots kept failing to start)
+    m._starts.failures = MAX_START_FAILURES - 1  # (as if other slots kept failing to start)
     m.tasks_replied(0, [(1, None), (99, None)])  # task 1 completed, then garbage
     assert m.start_failures == 0  # a task completed in between: the pool is not broken
     assert m.life is PoolLife.OPEN
@@ -913,7 +914,7 @@ def test_a_task_its_worker_has_not_begun_to_read_is_taken_back_and_run_elsewhere
     assert m.next_deadline() == clock.now + STALL_FIRST_SECONDS
     clock.now += STALL_FIRST_SECONDS
     assert Send(0, 4) in m.tick()  # then it is tried again
-    assert m.task_replied(0, 4) == [Resolve(4)] and m.slots[0].stalls == 0  # it reads again
+    assert m.task_replied(0, 4) == [Resolve(4)] and m.slots[0].worker.stalls == 0  # it reads again
 
 
 def test_a_worker_that_read_its_task_is_not_stalled():
@@ -923,7 +924,7 @@ def test_a_worker_that_read_its_task_is_not_stalled():
     clock.now += UNREAD_AFTER_SECONDS
     assert m.tick() == [Reclaim(0)]
     assert m.tasks_reclaimed(0, []) == []  # it has read it: it runs
-    assert m.slots[0].stalled_until is None and m.task_state(1) is TaskState.RUNNING
+    assert m.slots[0].worker.stalled_until is None and m.task_state(1) is TaskState.RUNNING
     assert m.next_deadline() is None  # nothing more to check for this task
 
 
@@ -939,8 +940,8 @@ def test_a_worker_that_keeps_not_reading_waits_longer_each_time():
         assert m.tick() == [Reclaim(0)]
         m.tasks_reclaimed(0, [task_id])
         m.callers_cancelled([task_id])  # (no other worker: its caller gives up on it)
-        waits.append(m.slots[0].stalled_until - clock.now)
-        clock.now = m.slots[0].stalled_until
+        waits.append(m.slots[0].worker.stalled_until - clock.now)
+        clock.now = m.slots[0].worker.stalled_until
         m.tick()
     assert waits == [min(STALL_FIRST_SECONDS * 2 ** i, STALL_MAX_SECONDS) for i in range(8)]
 
@@ -962,7 +963,7 @@ def test_a_task_taken_back_unread_is_checked_again_wherever_it_runs_next():
     clock.now += UNREAD_AFTER_SECONDS
     assert m.tick() == [Reclaim(0)]
     assert m.tasks_reclaimed(0, [1]) == []  # no other worker: it waits for this one
-    clock.now = m.slots[0].stalled_until
+    clock.now = m.slots[0].worker.stalled_until
     assert m.tick() == [Send(0, 1)]  # sent again: and checked again
     assert m.next_deadline() == clock.now + UNREAD_AFTER_SECONDS
 

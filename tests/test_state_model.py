@@ -241,7 +241,7 @@ def test_random_event_sequences_keep_every_guarantee(seed):
             queued = m.queued
             assert len(queued) == len(set(queued)) == m.census()[0]  # cancels leave no trace
             assert all(m.task_state(t) is TaskState.QUEUED for t in queued)
-            counted = {state: n for state, n in m._in_state.items() if n}
+            counted = {state: n for state, n in m._records.in_state.items() if n}
             assert counted == collections.Counter(s.state for s in m.slots)
             if m.life is PoolLife.BROKEN and m.queued:
                 assert any(s.state is SlotState.READY for s in m.slots), \
@@ -251,8 +251,8 @@ def test_random_event_sequences_keep_every_guarantee(seed):
                 # system refused is to be tried again (at a deadline, so the loop wakes)
                 assert any(s.state not in (SlotState.UNUSED, SlotState.EMPTY)
                            for s in m.slots) or (
-                    m._start_retry_at is not None
-                    and m.next_deadline() <= m._start_retry_at), \
+                    m._starts.retry_at is not None
+                    and m.next_deadline() <= m._starts.retry_at), \
                     "work queued, no worker started or running"
 
         world.finish()

@@ -1,10 +1,10 @@
 """The actions the state machine asks the dispatcher to carry out.
 
 Owns: nothing but these value types. Runs in: the dispatcher thread.
-Guarantees: each is immutable (``Send`` and ``Resolve``, made for every task, by
-convention: a frozen dataclass's ``__init__`` costs three times a plain one's) and names
-its slot by ``index`` (a ``Slot`` record is the machine's own; everywhere else a slot is
-its index) and its task by ``task_id``, never by object.
+Guarantees: each is immutable; ``Send`` and ``Resolve``, made for every task, only by
+convention, as a frozen dataclass's ``__init__`` costs three times a plain one's. Each
+names its slot by ``index`` and its task by ``task_id``, never by object: a ``Slot``
+record is the machine's own, and everywhere else a slot is its index.
 The facts an action needs from the event that caused it (a reply's outcome, a dead worker's
 ``Exit``, why a worker is called misbehaving) travel in it, opaque to the machine and left
 out of comparisons, so that the dispatcher acts on each where it arrives.
@@ -27,13 +27,13 @@ class Spawn:
     index: int
 
 
-@dataclass(slots=True)  # (not frozen: see the module docstring)
+@dataclass(slots=True)  # not frozen: see the module docstring
 class Send:
     index: int
     task_id: int
 
 
-@dataclass(slots=True)  # (not frozen: see the module docstring)
+@dataclass(slots=True)  # not frozen: see the module docstring
 class Resolve:
     """The task's reply is final: deliver it to the future. ``outcome``: ``(True, value)``
     or ``(False, exception)``, as the reply was decoded."""
@@ -52,7 +52,7 @@ class FailCause(enum.Enum):
                                # of turn
     BROKEN = "broken"          # it was queued when the pool stopped starting workers
     REFUSED = "refused"        # it was queued while the system kept refusing worker starts
-                               # and no worker was left to run it (the pool stays open)
+                               # and no worker was left to run it; the pool stays open
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +118,7 @@ class Misbehaved:
 class Departure(enum.Enum):
     """How a worker that is gone left, as far as the pool's counts and logs care."""
 
-    ASKED = "asked"        # it was being ended (asked, timed out, stopped, terminated)
+    ASKED = "asked"        # it was being ended: asked, timed out, stopped or terminated
     AT_START = "at start"  # it died before it was ready: a failed start
     IDLE = "idle"          # it died with nothing sent to it
     RUNNING = "running"    # it died with tasks sent to it

@@ -1,10 +1,12 @@
-"""What the state machine keeps: task and slot records, their states and legal transitions.
+"""The states a task, a slot and the pool can be in, their legal moves, and the records.
 
-Owns: the state enums (a task's, a slot's and the pool's life), their transition tables, the
-grace periods, and the two records.
-Runs in: the dispatcher thread, through ``StateMachine`` (which alone changes them).
-Guarantees: every state a task, a slot or the pool can be in is named here, and every legal
-move is in a table; ``StateMachine`` refuses any other move with ``InvalidTransition``.
+Owns: the state enums (a task's, a slot's and the pool's life; how far a worker's ending
+has gone, and why), their transition tables, the grace periods of the escalation, and the
+records of one task and one slot.
+Runs in: the dispatcher thread, through ``StateMachine``.
+Guarantees: every state is named here and every legal move is in a table;
+``records.Records`` refuses any other move with ``InvalidTransition``.
+Assumes: only ``records.Records`` changes a state.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import enum
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping
 
 
 class InvalidTransition(RuntimeError):
@@ -20,8 +21,8 @@ class InvalidTransition(RuntimeError):
 
 
 class TaskState(enum.Enum):
-    # Members are singletons: hashing by identity is right, and runs no Python code (the
-    # state machine looks its transition tables up several times a task).
+    # Members are singletons, so hashing by identity is right. It also runs no Python
+    # code, and the machine looks its tables up several times a task.
     __hash__ = object.__hash__
 
     QUEUED = "queued"        # waiting in the pool's queue
@@ -45,6 +46,8 @@ TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     TaskState.CANCELLED: frozenset(),
 }
 
+TASK_ENDS = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED})
+
 
 class SlotState(enum.Enum):
     __hash__ = object.__hash__  # as TaskState's
@@ -67,6 +70,9 @@ SLOT_TRANSITIONS: dict[SlotState, frozenset[SlotState]] = {
     SlotState.EMPTY: frozenset({SlotState.STARTING}),
 }
 
+# A slot whose worker is up and not being ended: its running task's clock runs.
+WORKING = (SlotState.READY, SlotState.RETIRING)
+
 
 class PoolLife(enum.Enum):
     """The pool's own life, as the state machine leads it (one state, no flags)."""
@@ -75,11 +81,11 @@ class PoolLife(enum.Enum):
 
     OPEN = "open"                # takes tasks; a slot that empties is refilled
     BROKEN = "broken"            # workers keep failing to start: no worker is started again,
-                                 # what is queued fails (and what is queued later, unless a
-                                 # READY worker takes it); what was sent runs, idle workers
-                                 # are stopped, then the pool closes
-    DRAINING = "draining"        # shutdown: what was submitted runs (workers are started for
-                                 # it), then every worker is asked to stop
+                                 # what is queued fails, and so does what is queued later
+                                 # unless a READY worker takes it; what was sent runs, idle
+                                 # workers are stopped, then the pool closes
+    DRAINING = "draining"        # shutdown: what was submitted runs, and workers are started
+                                 # for it; then every worker is asked to stop
     TERMINATING = "terminating"  # terminate/kill_workers: what has not started is cancelled,
                                  # every worker is ended now, nothing is started again
     CLOSED = "closed"            # every task ended and every worker gone: the loop may end
@@ -98,7 +104,8 @@ LIFE_TRANSITIONS: dict[PoolLife, frozenset[PoolLife]] = {
 
 
 class Escalation(enum.Enum):
-    """How hard a STOPPING slot has been asked to exit (each step has a grace deadline)."""
+    """How hard a STOPPING slot has been asked to exit. ``escalation.STEPS`` says what each
+    step does, how long it is given and what comes next."""
 
     ASKED = "asked"            # its task pipe was closed: an idle worker exits at end of file
     DUMPING = "dumping"        # its task timed out: asked to write its stack, then it exits
@@ -127,16 +134,42 @@ class Timeouts:
 @dataclass(slots=True)
 class Task:
     task_id: int
-    frame_bytes: int                # its CALL frame, header included (what it costs a pipe)
+    frame_bytes: int                # its CALL frame, header included: what it costs a pipe
     pipelinable: bool               # small enough to be sent ahead, behind a running task
     timeout: float | None = None
     state: TaskState = TaskState.QUEUED
     deadline: float | None = None   # set when it starts RUNNING, if it has a timeout
-    started: float | None = None    # when it started RUNNING (as the parent saw it)
+    started: float | None = None    # when it started RUNNING, as the parent saw it
     stop_requested: bool = False    # stop it as soon as it starts running
+    # These two hold for one run; a task taken back from a pipe is checked anew.
     kept_alone: bool = False        # running long: the tasks behind it were taken back, and
                                     # no more are queued behind it
     read_checked: bool = False      # running long: checked that its worker began to read it
+
+
+@dataclass(slots=True)
+class WorkerLife:
+    """What the pool knows of the worker in a slot. A slot that empties gets a fresh one,
+    so that nothing of a gone worker carries over to the next."""
+    pipelining: bool = False        # its pipe can hold small tasks behind the running one
+    assigned_count: int = 0         # tasks sent to it
+    over_memory: bool = False       # retiring because it reported too much memory
+    last_duration: float | None = None  # how long its last task ran
+    idle_since: float | None = None     # when it last became READY with nothing in flight
+    # It did not read the task it was sent (stopped by SIGSTOP, a debugger, a cgroup
+    # freezer): nothing is sent to it before ``stalled_until``; ``stalls`` in a row.
+    stalled_until: float | None = None
+    stalls: int = 0
+    checking_read: bool = False     # a Reclaim is out to see whether it read its task
+
+
+@dataclass(slots=True)
+class Stopping:
+    """How far the pool has gone in ending a slot's worker, and why: a slot has one from
+    the moment it is STOPPING until it is EMPTY."""
+    escalation: Escalation
+    deadline: float | None          # when the step's grace runs out; None once given up
+    ending: Ending | None = None    # set while a task runs there: decides how that task ends
 
 
 @dataclass(slots=True)
@@ -144,70 +177,8 @@ class Slot:
     index: int
     state: SlotState = SlotState.UNUSED
     in_flight: deque[int] = field(default_factory=deque)  # task ids, in send order
-    assigned_count: int = 0                                # tasks sent to this process
-    over_memory: bool = False       # retiring because its worker reported too much memory
-    last_duration: float | None = None  # how long its worker's last task ran
-    pipelining: bool = False        # its pipe can hold small tasks queued behind the running one
-    escalation: Escalation | None = None
-    deadline: float | None = None
-    ending: Ending | None = None    # set while the pool ends it with a task running
-    idle_since: float | None = None  # when it last became READY with nothing in flight
-    idled_out: bool = False         # its worker was stopped for idling: refilled on demand only
-    # Its worker did not read the task it was sent (stopped by SIGSTOP, a debugger, a
-    # cgroup freezer): no task is sent to it before ``stalled_until``; ``stalls`` in a row.
-    stalled_until: float | None = None
-    stalls: int = 0
-    checking_read: bool = False     # a Reclaim is out to see whether it read its task
-
-
-class TaskQueue:
-    """The tasks waiting for a worker, in order (``append``, and ``appendleft`` for those
-    that go back to the front). A task that leaves from the middle (its caller cancelled
-    it) costs O(1): its id stays where it is, no longer among the live tasks, and is dropped
-    when it reaches the front; cancelling thousands of queued tasks is then linear, not
-    quadratic. ``len``, iteration and ``head`` see live tasks only."""
-
-    __slots__ = ("_ids", "_live", "_dead")
-
-    def __init__(self, live: Mapping[int, object]) -> None:
-        self._ids: deque[int] = deque()
-        self._live = live   # the machine's tasks by id: a queued id not in it has left
-        self._dead = 0      # ids in _ids that are not live
-
-    def __len__(self) -> int:
-        return len(self._ids) - self._dead
-
-    def __bool__(self) -> bool:
-        return len(self._ids) > self._dead
-
-    def __iter__(self) -> Iterator[int]:
-        return (task_id for task_id in self._ids if task_id in self._live)
-
-    def append(self, task_id: int) -> None:
-        self._ids.append(task_id)
-
-    def appendleft(self, task_id: int) -> None:
-        self._ids.appendleft(task_id)
-
-    def left(self) -> None:
-        """A queued task has just ended (it is no longer live): forget it, lazily."""
-        self._dead += 1
-
-    def peek(self) -> int | None:
-        """The first live task, or None if there is none."""
-        self._prune()
-        return self._ids[0] if self._ids else None
-
-    def drop_head(self) -> None:
-        """Remove the first task, which ``peek`` just returned."""
-        self._ids.popleft()
-
-    def popleft(self) -> int:
-        self._prune()
-        return self._ids.popleft()
-
-    def _prune(self) -> None:
-        ids = self._ids
-        while ids and ids[0] not in self._live:
-            ids.popleft()
-            self._dead -= 1
+    worker: WorkerLife = field(default_factory=WorkerLife)
+    stopping: Stopping | None = None  # while STOPPING only
+    # Its last worker was stopped for idling: the slot is refilled only when queued work
+    # needs it. Cleared when it starts a worker again.
+    idled_out: bool = False
