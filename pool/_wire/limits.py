@@ -32,10 +32,10 @@ from __future__ import annotations
 from .frames import HEADER
 from .pipes import PIPE_BUF
 
-# Small tasks in flight per worker; _core.machine.SHORT_TASK_SECONDS says when more than
+# Small tasks in flight per worker; _core.placement.SHORT_TASK_SECONDS says when more than
 # one. A worker then finds its next task in its pipe instead of waiting for a round trip:
 # measured, about twice the no-op tasks/s of a depth of 1. Tasks queued behind one that
-# runs long are taken back from the pipe after _core.machine.RECLAIM_AFTER_SECONDS and run
+# runs long are taken back from the pipe after _core.placement.RECLAIM_AFTER_SECONDS and run
 # elsewhere, so a task that hangs holds up no other. Where pipes have no packet mode (not
 # Linux), the depth is 1 whatever this says.
 PIPELINE_DEPTH = 8
