@@ -10,9 +10,10 @@ assumes; docs/architecture.md walks through them.
 - the API, here: ``_executor`` (``ProcessPool``), ``_mapping`` (``map``), ``_aio``
   (asyncio), ``_progress``, ``_stats``, ``_shared`` (``pool.shared()``, ``to_process``),
   ``_patch`` (``pool.patch()``, with ``_patched`` and the start-up hook in ``_startup``),
-  ``_futures`` (``PoolFuture`` and the latches callers wait on), ``_errors``, ``_exit``
-  (the pools and the process's life: interpreter exit, fork), ``_compat`` (the stdlib's
-  private names that pool relies on); ``dask`` (optional, never imported here);
+  ``_futures`` (``PoolFuture``), ``_latch`` (how callers wait), ``_callbacks`` (the
+  threads that run done-callbacks), ``_errors``, ``_exit`` (the pools and the process's
+  life: interpreter exit, fork), ``_compat`` (the stdlib's private names that pool relies
+  on); ``dask`` (optional, never imported here);
 - ``_dispatcher``: the dispatcher thread and what callers hand it;
 - ``_core``: the state machine, pure (events in, actions out);
 - ``_worker``: one worker process, its main and the parent's handle on it;

@@ -27,7 +27,7 @@ from ._errors import ArgumentPicklingError
 from ._worker.forkserver import preload_in_forkserver
 from ._worker.main_guard import (check_main_is_guarded, check_not_daemonic,
                                  remember_main_script)
-from ._futures import PoolFuture, failed
+from ._futures import PoolFuture, failed_future
 
 # A worker's own modules, and those it imports when a task first needs them: for a
 # function sent by value, an exception, an error of the pool's. A forkserver imports them
@@ -196,7 +196,7 @@ class ProcessPool(Executor):
             body = _pickling.encode_call(_pickling.dumps_callable(fn),
                                          _pickling.dumps_arguments(fn, args, kwargs))
         except ArgumentPicklingError as exc:
-            return failed(exc)
+            return failed_future(exc)
         return self._dispatcher.submit(fn, args, kwargs, body, timeout)
 
     def map(self, fn: Callable[..., T], *iterables: Iterable[Any], timeout: float | None = None,

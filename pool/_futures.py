@@ -1,19 +1,16 @@
-"""The futures the pool returns, and the threads that run their done-callbacks.
+"""The futures the pool returns: ``PoolFuture``, and ``failed_future`` for a call that
+failed before it was sent.
 
-Owns: ``PoolFuture`` and one ``CallbackRunner`` per pool.
-Runs in: every thread touches futures. The callbacks that a result, exception or
-cancellation set on the dispatcher thread would trigger run on the runner's threads.
+Owns: each future's state, under the future's own lock.
+Runs in: every thread touches futures. The dispatcher thread resolves them; callers wait
+on them, cancel and stop them. The callbacks that a result, exception or cancellation set
+on the dispatcher thread would trigger go to its ``CallbackRunner`` (``_callbacks``).
 Guarantees:
-- no done-callback ever runs on the dispatcher thread, so a callback that blocks or raises
-  cannot delay results or teardown. A callback that blocks does not hold up the callbacks
-  of other futures either: while all of the runner's threads are busy, it starts another,
-  up to a limit. One that raises anything, even ``SystemExit`` or ``KeyboardInterrupt``, is
-  logged and the next one runs;
 - ``stop()`` is decided at once, under the future's own lock: if it returns True the future
   ends cancelled, even if a result arrives before the worker is killed;
-- a caller waiting in ``result()``, ``exception()`` or ``Dispatcher.join`` holds no lock
-  the dispatcher needs: it waits on a ``Latch``. So a Ctrl-C in the wait cannot deadlock
-  the dispatcher;
+- a caller waiting in ``result()`` or ``exception()`` holds no lock the dispatcher needs:
+  it waits on a ``Latch`` (``_latch``). So a Ctrl-C in the wait cannot deadlock the
+  dispatcher;
 - ``cancel()`` takes only the future's own lock and runs the callbacks after releasing it,
   as the stdlib's does. It tells the pool through a queue that needs no lock;
 - the pool's own ``_when_done`` hooks (progress counts) run once, on the resolving thread,
@@ -26,87 +23,22 @@ and ``tests/test_timeouts.py`` pin them.
 
 from __future__ import annotations
 
-import logging
-import math
-import queue
 import threading
-import time
 from concurrent.futures import CancelledError, Future, InvalidStateError
 from typing import Any, Callable, Generator, TypeVar
 
 from . import _compat
+from ._callbacks import (CallbackRunner, install_on_dispatcher_thread, run_callbacks,
+                         runner_of_this_thread)
 from ._compat import RLock
+from ._latch import Latch
 
 T = TypeVar("T")
-
-logger = logging.getLogger("pool")
-
-# Set on the dispatcher thread only: the runner that takes its callbacks.
-_dispatcher_local = threading.local()
-
-# Callback threads a pool may have at once; beyond this, callbacks wait for a free one.
-MAX_CALLBACK_THREADS = 16
-# Only a callback running this long counts as blocked in the warning: under a burst of
-# results every thread is busy for a moment, which is load, not a callback that hangs.
-BLOCKED_CALLBACK_SECONDS = 1.0
-
-# A thread blocked on a lock without a timeout can miss a Ctrl-C for good. If SIGINT lands
-# after the interpreter's last check for pending signals and before the thread sleeps, the
-# signal is consumed and nothing wakes the thread to raise KeyboardInterrupt. Seen here in
-# about one run in five when the signal follows the call closely. So waits that may block
-# for long wake up this often, to let a pending KeyboardInterrupt be raised.
-SIGNAL_CHECK_SECONDS = 0.25
-
 
 # Where ``Future`` keeps its state, and in which values (see the class's docstring).
 PENDING, RUNNING, CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED = _compat.future_states()
 _DONE_STATES = (CANCELLED, CANCELLED_AND_NOTIFIED, FINISHED)
 _CANCELLED_STATES = (CANCELLED, CANCELLED_AND_NOTIFIED)
-
-
-class Latch:
-    """Set once, waited for by any number of threads, through nothing but a C lock.
-
-    A KeyboardInterrupt can land inside a Python-level ``__enter__``, such as
-    ``threading.Condition.__enter__``, just after the lock under it was taken. That lock
-    then stays taken for good, and a dispatcher that needs it blocks for ever. Seen once in
-    about 40 runs of the Ctrl-C-during-shutdown test: the dispatcher, in
-    ``Future.set_result``, waited for the event of a ``concurrent.futures.wait`` that the
-    Ctrl-C had interrupted. Waiting on a latch takes nothing the setter needs.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lock.acquire()
-        self.is_set = False
-
-    def set(self) -> None:
-        if not self.is_set:
-            self.is_set = True
-            try:
-                self._lock.release()
-            except RuntimeError:
-                pass  # set twice at once
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """True once set; False if ``timeout`` passed first. Wakes up every
-        SIGNAL_CHECK_SECONDS, so that a Ctrl-C is never missed."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.is_set:
-            left = SIGNAL_CHECK_SECONDS if deadline is None else min(
-                SIGNAL_CHECK_SECONDS, deadline - time.monotonic())
-            if left <= 0:
-                return False
-            if self._lock.acquire(True, left):
-                self._lock.release()  # if a Ctrl-C lands right here, is_set still says so
-        return True
-
-
-def join_interruptibly(thread: threading.Thread) -> None:
-    """``thread.join()`` that a Ctrl-C always interrupts (see SIGNAL_CHECK_SECONDS). After
-    a KeyboardInterrupt, do not trust it again: 3.11 may then mark the thread stopped."""
-    while thread.is_alive():
-        thread.join(SIGNAL_CHECK_SECONDS)
 
 
 class PoolFuture(Future[T]):
@@ -378,9 +310,9 @@ class PoolFuture(Future[T]):
             self._done_hooks = None
             for hook in hooks:
                 hook(self)
-        runner: CallbackRunner | None = getattr(_dispatcher_local, "runner", None)
+        runner = runner_of_this_thread()
         if runner is None:
-            _run_callbacks(self)  # a caller's thread (cancel()): run them here, as stdlib
+            run_callbacks(self)  # a caller's thread (cancel()): run them here, as stdlib
         elif self._done_callbacks:
             runner.put(self)
 
@@ -400,118 +332,14 @@ def _holds_exception(exception: BaseException | None) -> bool:
     return exception is not None
 
 
-def failed(error: BaseException) -> PoolFuture[Any]:
+def failed_future(error: BaseException) -> PoolFuture[Any]:
     """A future that has already failed: a call that could not be sent."""
     future: PoolFuture[Any] = PoolFuture()
     future.set_exception(error)
     return future
 
 
-def _run_callbacks(future: Future[Any]) -> None:
-    for callback in list(future._done_callbacks):  # type: ignore[attr-defined]
-        try:
-            callback(future)
-        except BaseException:
-            logger.exception("done-callback %r of %r raised", callback, future)
-
-
-class CallbackRunner:
-    """Daemon threads that run the callbacks of futures resolved by the dispatcher.
-
-    One thread while callbacks are quick. Another starts whenever every thread is busy, as
-    when a callback blocks, so one callback never holds up another future's.
-    """
-
-    def __init__(self, name: str) -> None:
-        self._name = name
-        self._queue: queue.SimpleQueue[Future[Any] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self._idle = 0      # threads waiting for a future
-        self._backlog = 0   # futures queued and not yet taken by a thread
-        self._warned = False
-        self._running_since: dict[int, float] = {}   # thread ident -> its callback's start
-
-    def put(self, future: Future[Any]) -> None:
-        with self._lock:
-            self._queue.put(future)
-            self._backlog += 1
-            if self._backlog <= self._idle:
-                return
-            if len(self._threads) >= MAX_CALLBACK_THREADS:
-                oldest = min(self._running_since.values(), default=math.inf)
-                if not self._warned and time.monotonic() - oldest >= BLOCKED_CALLBACK_SECONDS:
-                    self._warned = True
-                    logger.warning("%s: all %d callback threads are busy and one "
-                                   "done-callback has run for %.0f s or more; later "
-                                   "callbacks wait for a thread to be free", self._name,
-                                   len(self._threads), BLOCKED_CALLBACK_SECONDS)
-                return
-            # Daemons: a callback that never returns must not keep the interpreter alive.
-            thread = threading.Thread(target=self._run, daemon=True,
-                                      name=f"{self._name}-{len(self._threads) + 1}")
-            self._threads.append(thread)
-            self._idle += 1
-            try:
-                thread.start()
-            except RuntimeError:
-                # No thread can start once the interpreter is shutting down; 3.12 refuses
-                # even while threading's exit hooks run. The future stays queued, and the
-                # exit's join() runs its callbacks (see _run_leftovers).
-                self._threads.remove(thread)
-                self._idle -= 1
-
-    def _run(self) -> None:
-        while True:
-            future = self._queue.get()
-            with self._lock:
-                self._idle -= 1
-                if future is None:
-                    return
-                self._backlog -= 1
-                self._running_since[threading.get_ident()] = time.monotonic()
-            _run_callbacks(future)
-            del future
-            with self._lock:
-                del self._running_since[threading.get_ident()]
-                self._idle += 1
-
-    def close(self) -> None:
-        """Lets the threads run the callbacks already queued, then exit. Not joined here."""
-        with self._lock:
-            for _ in self._threads:
-                self._queue.put(None)
-
-    def join(self, timeout: float | None = None) -> list[threading.Thread]:
-        """Wait until every queued callback has run (unless called from one of them), or
-        ``timeout`` passes; returns the threads still running a callback."""
-        with self._lock:
-            threads = [t for t in self._threads if t is not threading.current_thread()]
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for thread in threads:
-            if deadline is None:
-                join_interruptibly(thread)
-            else:
-                thread.join(max(0.0, deadline - time.monotonic()))
-        with self._lock:
-            never_started = not self._threads
-        if never_started:
-            self._run_leftovers()
-        return [t for t in threads if t.is_alive()]
-
-    def _run_leftovers(self) -> None:
-        """Runs, in the joining thread, callbacks queued when no thread could be started
-        for them, at interpreter exit. With no runner thread, nobody else would."""
-        while True:
-            try:
-                future = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if future is not None:
-                with self._lock:
-                    self._backlog -= 1
-                _run_callbacks(future)
-
-
-def install_on_dispatcher_thread(runner: CallbackRunner) -> None:
-    _dispatcher_local.runner = runner
+# The dispatcher still imports the latch and the callback runner from here. It is to import
+# them from ``_latch`` and ``_callbacks``, their own modules; then this list goes.
+__all__ = ["PoolFuture", "failed_future",
+           "CallbackRunner", "Latch", "install_on_dispatcher_thread"]

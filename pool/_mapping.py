@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Iterator, Sized
 from ._wire import pickling as _pickling
 from ._dispatcher.commands import EncodedCall
 from ._errors import ArgumentPicklingError, copy_error
-from ._futures import PoolFuture, failed
+from ._futures import PoolFuture, failed_future
 from ._progress import Progress
 from ._worker.main import process_chunk, process_items
 
@@ -80,7 +80,7 @@ def calls(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...], chunksiz
     def submit_group(group: list[tuple[Any, ...]]) -> list[PoolFuture[Any]]:
         # Each batch fails on its own, as with the stdlib: the others still run.
         if fn_error is not None:
-            return [failed(copy_error(fn_error)) for _ in group]  # one instance per future
+            return [failed_future(copy_error(fn_error)) for _ in group]  # one instance per future
         futures: list[PoolFuture[Any]] = []
         encoded: list[EncodedCall] = []  # not yet submitted, in order
         encoded_bytes = 0
@@ -98,7 +98,7 @@ def calls(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...], chunksiz
                                                  _pickling.dumps_arguments(fn, args, {}))
                 except ArgumentPicklingError as exc:
                     submit_encoded()  # in order: those before it go first
-                    futures.append(failed(exc))
+                    futures.append(failed_future(exc))
                     continue
                 encoded.append((fn, args, {}, body))
                 encoded_bytes += sum(map(len, body))

@@ -29,7 +29,8 @@ from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar, Union
 
 from . import _compat
-from ._futures import Latch, PoolFuture
+from ._futures import PoolFuture
+from ._latch import Latch
 
 T = TypeVar("T")
 

@@ -38,7 +38,8 @@ from typing import (Any, Callable, Iterable, Iterator, ParamSpec, TypedDict, Typ
 from . import _exit
 from ._errors import SharedPoolConflict, _safe_repr, callable_name
 from ._executor import _POOL_DEFAULT, ProcessPool, _cpu_count, _means_stop, default_context
-from ._futures import Latch, PoolFuture
+from ._futures import PoolFuture
+from ._latch import Latch
 from ._progress import ProgressTarget
 
 T = TypeVar("T")

@@ -29,7 +29,8 @@ from typing import Any, Callable, Iterator
 import pytest
 
 import pool
-from pool._futures import CallbackRunner, PoolFuture, install_on_dispatcher_thread
+from pool._callbacks import CallbackRunner, install_on_dispatcher_thread
+from pool._futures import PoolFuture
 from helpers import wait_until
 
 Future = cf.Future
