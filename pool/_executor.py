@@ -1,8 +1,9 @@
 """The public executor: ``ProcessPool``, a drop-in for ``ProcessPoolExecutor``.
 
-Owns: argument checking; pickling of calls, in the caller's thread, so that a call that
-cannot be pickled fails its future at once and sends nothing; and the pool's lifetime.
-``map``'s chunking and ordering are ``_mapping``'s.
+Owns: pickling of calls, in the caller's thread, so that a call that cannot be pickled
+fails its future at once and sends nothing; and the pool's lifetime. The constructor's
+arguments are checked by ``_options``; what the first task needs done first is
+``_first_task``'s; ``map``'s chunking and ordering are ``_mapping``'s.
 Runs in: the callers' threads; all process work is done by the ``Dispatcher`` it owns.
 Guarantees: the stdlib's semantics for ``submit``, ``map``, ``shutdown`` and the context
 manager, except where README.rst lists a deliberate difference.
@@ -10,9 +11,6 @@ manager, except where README.rst lists a deliberate difference.
 
 from __future__ import annotations
 
-import importlib
-import multiprocessing
-import os
 import signal
 import sys
 import threading
@@ -24,15 +22,9 @@ from typing import (TYPE_CHECKING, Any, AsyncGenerator, Callable, Iterable, Iter
 
 from ._wire import pickling as _pickling
 from ._errors import ArgumentPicklingError
-from ._worker.forkserver import preload_in_forkserver
-from ._worker.main_guard import (check_main_is_guarded, check_not_daemonic,
-                                 remember_main_script)
+from ._first_task import before_first_task
 from ._futures import PoolFuture, failed_future
-
-# A worker's own modules, and those it imports when a task first needs them: for a
-# function sent by value, an exception, an error of the pool's. A forkserver imports them
-# once, before it forks any worker, instead of every worker after its fork.
-_WORKER_MODULES = ("pool._worker.main", "pool._errors", "cloudpickle", "tblib.pickling_support")
+from ._options import POOL_DEFAULT, check_options, seconds
 
 # What only a pool's owner uses (the dispatcher and its state machine, map, asyncio, stats)
 # is imported where a pool is built or used, not here. Under spawn and forkserver every
@@ -47,20 +39,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 P = ParamSpec("P")
-
-
-class _Default:
-    def __repr__(self) -> str:
-        return "<the pool's task_timeout>"
-
-
-_POOL_DEFAULT: Any = _Default()
-
-
-def default_context() -> Any:
-    """forkserver where the platform has it (the 3.14 default on Linux), else spawn."""
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
 class ProcessPool(Executor):
@@ -112,49 +90,23 @@ class ProcessPool(Executor):
                  max_memory_per_child: int | None = None, idle_timeout: float | None = None,
                  stop_grace: float = 3.0, terminate_grace: float = 0.5,
                  kill_grace: float = 5.0) -> None:
-        if max_workers is None:
-            max_workers = _cpu_count()
-        elif not isinstance(max_workers, int) or isinstance(max_workers, bool):
-            raise TypeError("max_workers must be an integer")
-        elif max_workers <= 0:
-            raise ValueError("max_workers must be greater than 0")
-        if initializer is not None and not callable(initializer):
-            raise TypeError("initializer must be a callable")
-        if max_tasks_per_child is not None:
-            if not isinstance(max_tasks_per_child, int) or isinstance(max_tasks_per_child, bool):
-                raise TypeError("max_tasks_per_child must be an integer")
-            if max_tasks_per_child <= 0:
-                raise ValueError("max_tasks_per_child must be >= 1")
-        if max_memory_per_child is not None:
-            if (not isinstance(max_memory_per_child, int)
-                    or isinstance(max_memory_per_child, bool)):
-                raise TypeError("max_memory_per_child must be an integer (bytes)")
-            if max_memory_per_child <= 0:
-                raise ValueError("max_memory_per_child must be > 0")
-        self._task_timeout = _seconds("task_timeout", task_timeout, optional=True)
-        idle_timeout = _seconds("idle_timeout", idle_timeout, optional=True)
+        options = check_options(max_workers, mp_context, initializer, initargs,
+                                max_tasks_per_child=max_tasks_per_child,
+                                task_timeout=task_timeout,
+                                max_memory_per_child=max_memory_per_child,
+                                idle_timeout=idle_timeout, stop_grace=stop_grace,
+                                terminate_grace=terminate_grace, kill_grace=kill_grace)
         from ._dispatcher.loop import Dispatcher
-        from ._core.states import Timeouts
-        from ._worker.main import Initializer, prepare_initargs
-        timeouts = Timeouts(stop=_seconds("stop_grace", stop_grace),
-                            terminate=_seconds("terminate_grace", terminate_grace),
-                            kill=_seconds("kill_grace", kill_grace))
-        check_not_daemonic()
-        if mp_context is None:
-            mp_context = default_context()
-        initializer_setup = None
-        if initializer is not None:
-            # Checked here, so that a bad initializer or initargs fail in the constructor,
-            # not in every worker; see Initializer for how they travel.
-            initializer_setup = Initializer(_pickling.dumps_callable(initializer),
-                                           prepare_initargs(tuple(initargs), mp_context))
-        self._max_workers = max_workers
-        self._mp_context = mp_context
-        self._dispatcher = Dispatcher(max_workers=max_workers, mp_context=mp_context,
-                                      initializer=initializer_setup,
-                                      max_tasks_per_child=max_tasks_per_child,
-                                      max_memory_per_child=max_memory_per_child,
-                                      timeouts=timeouts, idle_timeout=idle_timeout)
+        self._task_timeout = options.task_timeout
+        self._max_workers = options.max_workers  # these two as the stdlib names them
+        self._mp_context = options.mp_context
+        self._dispatcher = Dispatcher(max_workers=options.max_workers,
+                                      mp_context=options.mp_context,
+                                      initializer=options.initializer,
+                                      max_tasks_per_child=options.max_tasks_per_child,
+                                      max_memory_per_child=options.max_memory_per_child,
+                                      timeouts=options.timeouts,
+                                      idle_timeout=options.idle_timeout)
         self._main_checked = False  # see _check_first_use
         # A pool dropped without shutdown() still finishes its work and releases its
         # processes; the dispatcher holds no reference back to this object.
@@ -172,16 +124,16 @@ class ProcessPool(Executor):
 
     def schedule(self, fn: Callable[..., T], /, args: Iterable[Any] = (),
                  kwargs: dict[str, Any] | None = None, *,
-                 timeout: float | None = _POOL_DEFAULT) -> PoolFuture[T]:
+                 timeout: float | None = POOL_DEFAULT) -> PoolFuture[T]:
         """``submit`` with options: run ``fn(*args, **kwargs)``, and stop it if it runs
         longer than ``timeout`` seconds (default: the pool's ``task_timeout``; ``None``: no
         limit). The clock starts when the task starts running; on expiry its future fails
         with :class:`pool.TaskTimeout`, which holds the task's stack at that moment.
         """
-        if timeout is _POOL_DEFAULT:
+        if timeout is POOL_DEFAULT:
             timeout = self._task_timeout
         else:
-            timeout = _seconds("timeout", timeout, optional=True)
+            timeout = seconds("timeout", timeout, optional=True)
         return self._submit(fn, tuple(args), {} if kwargs is None else dict(kwargs), timeout)
 
     def _submit(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -231,7 +183,7 @@ class ProcessPool(Executor):
                                 timeout=timeout, progress=reporter, through=through,
                                 grouped=_mapping.groupable(iterables))
 
-    async def run(self, fn: Callable[..., T], /, *args: Any, timeout: float | None = _POOL_DEFAULT,
+    async def run(self, fn: Callable[..., T], /, *args: Any, timeout: float | None = POOL_DEFAULT,
                   **kwargs: Any) -> T:
         """``await pool.run(fn, *args, **kwargs)``: run it in the pool and return its result
         (or raise its exception), without blocking the event loop.
@@ -280,29 +232,8 @@ class ProcessPool(Executor):
             self._dispatcher.submit_many(encoded, self._task_timeout)))
 
     def _check_first_use(self) -> None:
-        """Before the first task: fail at once, with the fix, where workers would re-run
-        the caller's own code (a main script without its ``__main__`` guard)."""
-        method = self._mp_context.get_start_method()
-        check_main_is_guarded(method)
-        remember_main_script()
-        if method == "forkserver":  # so that a worker starts at the cost of a fork
-            preload_in_forkserver(self._mp_context, *_WORKER_MODULES)
-        elif method == "fork":
-            # What a worker imports when a task first needs it, imported here, before any
-            # fork: a fork while another thread of this process imports a module leaves
-            # the child that module's import lock, held by a thread it does not have.
-            for name in _WORKER_MODULES:
-                importlib.import_module(name)
-        # What the program printed before its first task comes out before what workers
-        # print. The stdlib flushes before each start; the pool's thread does not, since a
-        # full stdout pipe would hold up the whole pool. So the caller's thread flushes
-        # here, once.
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                if stream is not None:
-                    stream.flush()
-            except (OSError, ValueError, AttributeError):
-                pass
+        """Before the first task: see ``_first_task``."""
+        before_first_task(self._mp_context)
         self._main_checked = True
 
     def stats(self) -> PoolStats:
@@ -420,24 +351,4 @@ def _means_stop(exc_type: type[BaseException] | None) -> bool:
         return True
     asyncio = sys.modules.get("asyncio")
     return asyncio is not None and issubclass(exc_type, asyncio.CancelledError)
-
-
-def _seconds(name: str, value: Any, *, optional: bool = False) -> Any:
-    if value is None and optional:
-        return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise TypeError(f"{name} must be a number of seconds{' or None' if optional else ''}")
-    if not value > 0 or value != value or value == float("inf"):
-        raise ValueError(f"{name} must be > 0 and finite, not {value!r}")
-    return float(value)
-
-
-def _cpu_count() -> int:
-    count = getattr(os, "process_cpu_count", None)  # 3.13+: honours the affinity mask
-    if count is not None:
-        return count() or 1
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:
-        return os.cpu_count() or 1
 

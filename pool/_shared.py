@@ -37,9 +37,10 @@ from typing import (Any, Callable, Iterable, Iterator, ParamSpec, TypedDict, Typ
 
 from . import _exit
 from ._errors import SharedPoolConflict, _safe_repr, callable_name
-from ._executor import _POOL_DEFAULT, ProcessPool, _cpu_count, _means_stop, default_context
+from ._executor import ProcessPool, _means_stop
 from ._futures import PoolFuture
 from ._latch import Latch
+from ._options import POOL_DEFAULT, default_context, usable_cpu_count
 from ._progress import ProgressTarget
 
 T = TypeVar("T")
@@ -176,7 +177,7 @@ class Lease(Executor):
 
     def schedule(self, fn: Callable[..., T], /, args: Iterable[Any] = (),
                  kwargs: dict[str, Any] | None = None, *,
-                 timeout: float | None = _POOL_DEFAULT) -> PoolFuture[T]:
+                 timeout: float | None = POOL_DEFAULT) -> PoolFuture[T]:
         """``ProcessPool.schedule`` (``submit`` with a per-call ``timeout``)."""
         return self._admit(lambda: self._pool.schedule(fn, args, kwargs, timeout=timeout))
 
@@ -300,7 +301,7 @@ class Lease(Executor):
 def _compared(name: str, value: Any) -> Any:
     """An option as ``shared()`` compares it: what it means, not how it was written."""
     if name == "max_workers" and value is None:
-        return _cpu_count()
+        return usable_cpu_count()
     if name == "mp_context":
         context = default_context() if value is None else value
         method = getattr(context, "get_start_method", None)

@@ -34,9 +34,10 @@ import click
 from distributed import WorkerPlugin
 from distributed.core import Status
 
-from ._executor import ProcessPool, default_context
+from ._executor import ProcessPool
 from ._worker.forkserver import preload_in_forkserver
 from ._futures import PoolFuture
+from ._options import default_context
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -240,8 +241,8 @@ def _preload_in_forkserver(context: Any) -> None:
     pool's processes starts with it. One that must import distributed itself takes ~0.4 s
     to start: the time a death costs before its slot runs again. Measured from a death to
     the next result: 0.40 s without, 0.01 s with."""
-    from ._executor import _WORKER_MODULES
-    preload_in_forkserver(context, "distributed.worker", *_WORKER_MODULES)
+    from ._first_task import WORKER_MODULES
+    preload_in_forkserver(context, "distributed.worker", *WORKER_MODULES)
 
 
 # --- memory -------------------------------------------------------------------------------

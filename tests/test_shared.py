@@ -14,11 +14,11 @@ import pytest
 
 import pool
 from pool import _shared
-from pool._executor import _cpu_count
+from pool._options import usable_cpu_count
 import tasks
 from helpers import START_METHODS, process_exists, run_script, wait_until
 
-DEFAULT_WORKERS = _cpu_count()
+DEFAULT_WORKERS = usable_cpu_count()
 LARGE = b"x" * (1 << 20)  # a call this large is not sent ahead: it waits in the pool's queue
 
 

@@ -98,7 +98,7 @@ def _usage(message: str) -> int:
 
 
 def _map(args: argparse.Namespace, closed: frozenset[int]) -> int:
-    from .._executor import _cpu_count
+    from .._options import usable_cpu_count
 
     if args.inputs and args.arg_file:
         return _usage("give inputs as arguments or with -a FILE, not both")
@@ -109,7 +109,7 @@ def _map(args: argparse.Namespace, closed: frozenset[int]) -> int:
                       "input already")
     if 1 in closed:
         return _usage("standard output is closed: there is nowhere to write the results")
-    workers = args.workers or _cpu_count()
+    workers = args.workers or usable_cpu_count()
     total: int | Callable[[], int | None] | None
     fd = -1
     if args.inputs:
