@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import signal
 import sys
-import threading
 import weakref
 from concurrent.futures import Executor
 from types import TracebackType
@@ -25,6 +24,7 @@ from ._errors import ArgumentPicklingError
 from ._first_task import before_first_task
 from ._futures import PoolFuture, failed_future
 from ._options import POOL_DEFAULT, check_options, seconds
+from ._stdlib_attributes import StdlibAttributes
 
 # What only a pool's owner uses (the dispatcher and its state machine, map, asyncio, stats)
 # is imported where a pool is built or used, not here. Under spawn and forkserver every
@@ -41,7 +41,7 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 
-class ProcessPool(Executor):
+class ProcessPool(StdlibAttributes, Executor):
     """A process pool in which a worker's death fails one task instead of the whole pool.
 
     Takes ``ProcessPoolExecutor``'s arguments:
@@ -98,7 +98,8 @@ class ProcessPool(Executor):
                                 terminate_grace=terminate_grace, kill_grace=kill_grace)
         from ._dispatcher.loop import Dispatcher
         self._task_timeout = options.task_timeout
-        self._max_workers = options.max_workers  # these two as the stdlib names them
+        # These two as the stdlib names them; the others that code reads: StdlibAttributes.
+        self._max_workers = options.max_workers
         self._mp_context = options.mp_context
         self._dispatcher = Dispatcher(max_workers=options.max_workers,
                                       mp_context=options.mp_context,
@@ -249,28 +250,6 @@ class ProcessPool(Executor):
         from ._stats import with_memory
         self._dispatcher.snapshot()
         return with_memory(self._dispatcher.stats)
-
-    @property
-    def _processes(self) -> dict[int, Any]:
-        """The live workers, ``{pid: multiprocessing Process}``, as in the stdlib, where
-        code reads it to find or signal workers. The snapshot is taken once the pool's
-        thread has acted on every task submitted before. Workers start on demand, on that
-        thread, so the workers started for those tasks are listed."""
-        return self._dispatcher.live_processes()
-
-    @property
-    def _broken(self) -> str | bool:
-        """False, or why the pool is broken: its dispatcher failed, or workers kept failing
-        to start. As the stdlib's attribute of that name, which code polls."""
-        error = self._dispatcher.broken_error
-        return False if error is None else str(error)
-
-    @property
-    def _executor_manager_thread(self) -> threading.Thread | None:
-        """The pool's dispatcher thread (the stdlib's name for its manager thread); None
-        before the first ``submit()``. It ends once the pool is shut down and every worker
-        is gone."""
-        return self._dispatcher.thread
 
     def __repr__(self) -> str:
         dispatcher = self._dispatcher
