@@ -7,7 +7,9 @@ Swap ``from concurrent.futures import ProcessPoolExecutor`` for
 The packages, by role. Each module opens with what it owns, runs in, guarantees and
 assumes; docs/architecture.md walks through them.
 
-- the API, here: ``_executor`` (``ProcessPool``), ``_mapping`` (``map``), ``_aio``
+- the API, here: ``_executor`` (``ProcessPool``, with ``_options`` for its arguments,
+  ``_first_task`` for what its first task needs done first and ``_stdlib_attributes``
+  for the stdlib's private attributes it keeps), ``_mapping`` (``map``), ``_aio``
   (asyncio), ``_progress``, ``_stats``, ``_shared`` (``pool.shared()``, ``to_process``),
   ``_patch`` (``pool.patch()``, with ``_patched`` and the start-up hook in ``_startup``),
   ``_futures`` (``PoolFuture``), ``_latch`` (how callers wait), ``_callbacks`` (the

@@ -23,7 +23,7 @@ from ._wire import pickling as _pickling
 from ._errors import ArgumentPicklingError
 from ._first_task import before_first_task
 from ._futures import PoolFuture, failed_future
-from ._options import POOL_DEFAULT, check_options, seconds
+from ._options import POOL_DEFAULT, checked_options, seconds
 from ._stdlib_attributes import StdlibAttributes
 
 # What only a pool's owner uses (the dispatcher and its state machine, map, asyncio, stats)
@@ -90,12 +90,12 @@ class ProcessPool(StdlibAttributes, Executor):
                  max_memory_per_child: int | None = None, idle_timeout: float | None = None,
                  stop_grace: float = 3.0, terminate_grace: float = 0.5,
                  kill_grace: float = 5.0) -> None:
-        options = check_options(max_workers, mp_context, initializer, initargs,
-                                max_tasks_per_child=max_tasks_per_child,
-                                task_timeout=task_timeout,
-                                max_memory_per_child=max_memory_per_child,
-                                idle_timeout=idle_timeout, stop_grace=stop_grace,
-                                terminate_grace=terminate_grace, kill_grace=kill_grace)
+        options = checked_options(max_workers, mp_context, initializer, initargs,
+                                  max_tasks_per_child=max_tasks_per_child,
+                                  task_timeout=task_timeout,
+                                  max_memory_per_child=max_memory_per_child,
+                                  idle_timeout=idle_timeout, stop_grace=stop_grace,
+                                  terminate_grace=terminate_grace, kill_grace=kill_grace)
         from ._dispatcher.loop import Dispatcher
         self._task_timeout = options.task_timeout
         # These two as the stdlib names them; the others that code reads: StdlibAttributes.
@@ -233,7 +233,8 @@ class ProcessPool(StdlibAttributes, Executor):
             self._dispatcher.submit_many(encoded, self._task_timeout)))
 
     def _check_first_use(self) -> None:
-        """Before the first task: see ``_first_task``."""
+        """Before the first task: fail at once where workers cannot work, and prepare
+        for their start (see ``_first_task``)."""
         before_first_task(self._mp_context)
         self._main_checked = True
 

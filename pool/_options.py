@@ -2,7 +2,7 @@
 their defaults filled in, in the form the dispatcher takes.
 
 Owns: nothing that lives on; what the checks raise and which defaults apply.
-Runs in: a caller's thread, in the constructor (``check_options``) and at a call that
+Runs in: a caller's thread, in the constructor (``checked_options``) and at a call that
 takes a ``timeout`` (``seconds``).
 Guarantees: a bad argument fails in the constructor, before anything is started, with
 the stdlib's exception type (``TypeError`` for the wrong type, ``ValueError`` for a wrong
@@ -50,12 +50,12 @@ class PoolOptions(NamedTuple):
     timeouts: Timeouts               # stop_grace, terminate_grace and kill_grace
 
 
-def check_options(max_workers: int | None, mp_context: Any,
-                  initializer: Callable[..., Any] | None, initargs: tuple[Any, ...], *,
-                  max_tasks_per_child: int | None, task_timeout: float | None,
-                  max_memory_per_child: int | None, idle_timeout: float | None,
-                  stop_grace: float, terminate_grace: float, kill_grace: float
-                  ) -> PoolOptions:
+def checked_options(max_workers: int | None, mp_context: Any,
+                    initializer: Callable[..., Any] | None, initargs: tuple[Any, ...], *,
+                    max_tasks_per_child: int | None, task_timeout: float | None,
+                    max_memory_per_child: int | None, idle_timeout: float | None,
+                    stop_grace: float, terminate_grace: float, kill_grace: float
+                    ) -> PoolOptions:
     """``ProcessPool``'s arguments, checked (see its docstring for what they mean). Also
     raises if this process may not have children."""
     if max_workers is None:
