@@ -133,7 +133,7 @@ class ProcessPool(Executor):
                 raise ValueError("max_memory_per_child must be > 0")
         self._task_timeout = _seconds("task_timeout", task_timeout, optional=True)
         idle_timeout = _seconds("idle_timeout", idle_timeout, optional=True)
-        from ._dispatcher.loop import Dispatcher
+        from ._dispatcher.front import Dispatcher
         from ._core.states import Timeouts
         from ._worker.main import Initializer, prepare_initargs
         timeouts = Timeouts(stop=_seconds("stop_grace", stop_grace),
