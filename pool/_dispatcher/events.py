@@ -32,7 +32,7 @@ from .._worker.handle import WorkerHandle
 logger = logging.getLogger("pool")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen, as ``Send``: one is made for every read of replies
 class Replied:
     """Replies, in the order they came: ``(task_id, (True, value) or (False, error))``."""
     replies: list[tuple[int, object]]
