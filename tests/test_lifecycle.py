@@ -320,10 +320,10 @@ def test_a_submission_refused_after_the_loop_ended_is_failed_or_cancelled_and_he
     # in both cases seen by wait() (a cancelled future needs notifying, not resolving).
     from pool._dispatcher.commands import Submission
     p = pool.ProcessPool(1)
+    performer = p._dispatcher._loop._performer  # let go of by the pool once it has ended
     p.shutdown()
     futures = [pool.PoolFuture(), pool.PoolFuture()]
     assert futures[1].cancel()
-    performer = p._dispatcher._loop._performer
     for task_id, future in enumerate(futures, 1):
         performer.refuse(Submission(pool.TaskInfo(task_id, tasks.square, (1,), {}), future,
                                     [], 0, None))

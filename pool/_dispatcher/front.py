@@ -116,12 +116,15 @@ class Dispatcher:
         self.processes: dict[int, Any] = {}
         self.census = (0, 0)
         self.stats: PoolStats = Counters().snapshot(0, 0, ())
-        self._loop = Loop(self, self._callbacks, max_workers=max_workers,
-                          mp_context=mp_context, initializer=initializer,
-                          max_tasks_per_child=max_tasks_per_child,
-                          max_memory_per_child=max_memory_per_child,
-                          pipeline_depth=pipeline_depth, timeouts=timeouts,
-                          idle_timeout=idle_timeout)
+        # Let go of once the loop has ended: it holds this object, and without the cycle
+        # a pool is freed as soon as its last user lets go of it.
+        self._loop: Loop | None = Loop(self, self._callbacks,
+                                       max_workers=max_workers, mp_context=mp_context,
+                                       initializer=initializer,
+                                       max_tasks_per_child=max_tasks_per_child,
+                                       max_memory_per_child=max_memory_per_child,
+                                       pipeline_depth=pipeline_depth, timeouts=timeouts,
+                                       idle_timeout=idle_timeout)
 
     # -- what callers call ----------------------------------------------------------------
 
@@ -276,7 +279,8 @@ class Dispatcher:
     def close_in_forked_child(self) -> None:
         """Runs in a child that some thread of ours forked (``os.register_at_fork``): see
         ``Performer.close_in_forked_child``."""
-        self._loop.close_in_forked_child()
+        if self._loop is not None:
+            self._loop.close_in_forked_child()
 
     def _command(self, command: Command) -> None:
         """Hand the loop a command; dropped once the loop has ended."""
@@ -291,6 +295,7 @@ class Dispatcher:
         """Start the loop at the first submit (under ``_lock``)."""
         if self._thread is not None:
             return
+        assert self._loop is not None, "the loop ended before it started"
         self._wakeup = Wakeup()
         self._thread = self._loop.start(self._wakeup)
         _exit.shut_down_at_exit(self)
@@ -349,6 +354,7 @@ class Dispatcher:
     def signal_ended(self) -> None:
         """Called once, by the thread that moved the admission to ENDED, outside ``_lock``:
         a done-callback of ``finished`` runs here."""
+        self._loop = None
         if not self.finished.done():
             self.finished.set_result(None)
         self._ended.set()

@@ -15,7 +15,7 @@
    ─► _cancels (no lock, no wake)                   Sync → publish_census, latch)
                                    deliver_replies (worker_events: frames → Replied,
  future.result() ◄── resolve ◄──                    Ready, InitFailed, OverMemory,
- done-callbacks ◄── CallbackRunner                  BrokeProtocol; tell: → State-
+ done-callbacks ◄── CallbackRunner                  BrokeProtocol; tell → State-
  (own threads)                                      Machine.tasks_replied, ...)
  .processes .census .stats ◄──     handle_exits    (its last replies first; then
    publish_processes,                               WorkerHandle.finish → State-
@@ -82,6 +82,9 @@ logger = logging.getLogger("pool")
 
 
 class Loop:
+    """The dispatcher thread's loop: each turn waits for something to happen, tells the
+    machine, and has the performer carry out what it answers."""
+
     def __init__(self, front: Front, callbacks: CallbackRunner, *, max_workers: int,
                  mp_context: Any, initializer: Initializer | None,
                  max_tasks_per_child: int | None, max_memory_per_child: int | None,

@@ -6,9 +6,10 @@ loop took in and has not ended, the pool's lifeline pipe, the ``Counters`` behin
 Runs in: the dispatcher thread only, but for ``open``, called before it starts, and
 ``close_in_forked_child``, in a forked child.
 Guarantees:
-- every action is carried out in one ``match``, in the order the machine gave, and what an
-  action leads to is carried out after the actions before it; ``Resolve`` and ``Send``,
-  one of each for every task, are matched first;
+- every action is carried out in one ``match``, in the order the machine gave; what an
+  action leads to comes after the actions already given (what an abandoned worker's exit
+  leads to, at once); ``Resolve`` and ``Send``, one of each for every task, are matched
+  first;
 - every task the loop took in ends exactly once: resolved, failed, or cancelled, and counted
   once as it ends;
 - no user code runs here: futures end through ``outcomes.resolve`` (their callbacks run on
@@ -45,6 +46,8 @@ logger = logging.getLogger("pool")
 
 
 class Performer:
+    """The loop's hands: it carries out what the machine decides, on what it owns."""
+
     def __init__(self, front: Front, machine: StateMachine, reaper: Reaper, *,
                  mp_context: Any, initializer: Initializer | None,
                  max_tasks_per_child: int | None, max_memory_per_child: int | None) -> None:

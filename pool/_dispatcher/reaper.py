@@ -27,6 +27,8 @@ LINGERING_POLL_SECONDS = 0.01
 
 
 class Reaper:
+    """Keeps what the loop could not confirm gone, until it is, or is reported."""
+
     def __init__(self, pool_name: str, kill_grace: float) -> None:
         self._pool_name = pool_name
         self._kill_grace = kill_grace
