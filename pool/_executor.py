@@ -96,7 +96,7 @@ class ProcessPool(StdlibAttributes, Executor):
                                   max_memory_per_child=max_memory_per_child,
                                   idle_timeout=idle_timeout, stop_grace=stop_grace,
                                   terminate_grace=terminate_grace, kill_grace=kill_grace)
-        from ._dispatcher.loop import Dispatcher
+        from ._dispatcher.front import Dispatcher
         self._task_timeout = options.task_timeout
         # These two as the stdlib names them; the others that code reads: StdlibAttributes.
         self._max_workers = options.max_workers

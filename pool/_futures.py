@@ -28,8 +28,7 @@ from concurrent.futures import CancelledError, Future, InvalidStateError
 from typing import Any, Callable, Generator, TypeVar
 
 from . import _compat
-from ._callbacks import (CallbackRunner, install_on_dispatcher_thread, run_callbacks,
-                         runner_of_this_thread)
+from ._callbacks import run_callbacks, runner_of_this_thread
 from ._compat import RLock
 from ._latch import Latch
 
@@ -338,8 +337,3 @@ def failed_future(error: BaseException) -> PoolFuture[Any]:
     future.set_exception(error)
     return future
 
-
-# The dispatcher still imports the latch and the callback runner from here. It is to import
-# them from ``_latch`` and ``_callbacks``, their own modules; then this list goes.
-__all__ = ["PoolFuture", "failed_future",
-           "CallbackRunner", "Latch", "install_on_dispatcher_thread"]

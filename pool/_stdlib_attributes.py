@@ -16,7 +16,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ._dispatcher.loop import Dispatcher
+    from ._dispatcher.front import Dispatcher
 
 
 class StdlibAttributes:

@@ -250,7 +250,7 @@ def test_the_graph_has_the_edges_known_to_be_there():
     known = [
         ("pool.__main__", "pool._cli.main", False),            # from ._cli.main import main
         ("pool._executor", "pool._futures", False),            # from ._futures import ...
-        ("pool._executor", "pool._dispatcher.loop", True),     # in __init__
+        ("pool._executor", "pool._dispatcher.front", True),    # in __init__
         ("pool._worker.main", "pool._exit", False),            # from .. import _exit
         ("pool._worker.main", "pool._wire.pickling", False),   # from .._wire import a, b
         ("pool._wire.pickling", "pool._errors", True),         # lazily, two levels up

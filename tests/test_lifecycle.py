@@ -255,7 +255,7 @@ pids = tasks.announced_pids("pids")
 cancelled = p.submit(tasks.square, 9)
 assert p.stats().queued == 4  # (the loop has queued it)
 assert cancelled.cancel()
-p._dispatcher._injected_fault = RuntimeError("injected")
+p._dispatcher._loop._injected_fault = RuntimeError("injected")
 p._dispatcher._wakeup.wake()
 errors = [f.exception(30) for f in running + queued]
 import concurrent.futures
@@ -321,12 +321,13 @@ def test_a_submission_refused_after_the_loop_ended_is_failed_or_cancelled_and_he
     # in both cases seen by wait() (a cancelled future needs notifying, not resolving).
     from pool._dispatcher.commands import Submission
     p = pool.ProcessPool(1)
+    performer = p._dispatcher._loop._performer  # let go of by the pool once it has ended
     p.shutdown()
     futures = [pool.PoolFuture(), pool.PoolFuture()]
     assert futures[1].cancel()
     for task_id, future in enumerate(futures, 1):
-        p._dispatcher._refuse(Submission(pool.TaskInfo(task_id, tasks.square, (1,), {}),
-                                         future, [], 0, None))
+        performer.refuse(Submission(pool.TaskInfo(task_id, tasks.square, (1,), {}), future,
+                                    [], 0, None))
     assert cf.wait(futures, timeout=5).not_done == set()
     with pytest.raises(RuntimeError, match="after shutdown"):
         futures[0].result()

@@ -138,7 +138,7 @@ def test_without_packet_pipes_one_task_at_a_time_and_all_the_rest_holds(ctx, tmp
     blob = os.urandom(3 << 20)
     with pool.ProcessPool(2, mp_context=ctx) as p:
         warm(p)
-        assert all(w.reclaim_fd is None for w in p._dispatcher._workers.values())
+        assert all(w.reclaim_fd is None for w in p._dispatcher._loop._workers.values())
         hung = p.submit(tasks.wait_for_file, release, "released", 60)
         dying = p.submit(tasks.sigkill_self)
         small = [p.submit(tasks.square, i) for i in range(SMALL)]
@@ -153,7 +153,7 @@ def test_a_pipeline_depth_that_could_block_the_dispatcher_is_refused():
     """_limits' rule 2: every packet that may wait in a task pipe fits in it, so the
     dispatcher's writes never block; a depth that breaks it never gets a dispatcher."""
     from pool._wire import limits as _limits
-    from pool._dispatcher.loop import Dispatcher
+    from pool._dispatcher.front import Dispatcher
     import multiprocessing
     most = _limits.PACKET_PIPE_BYTES // _limits.PIPE_BUF
     assert _limits.PIPELINE_DEPTH <= most

@@ -41,7 +41,7 @@ def test_no_socket_is_opened_by_the_pool_or_its_workers(ctx):
 
 
 def crash_files(p: pool.ProcessPool) -> list[str]:
-    handles = list(p._dispatcher._workers.values())
+    handles = list(p._dispatcher._loop._workers.values())
     return [os.readlink(f"/proc/self/fd/{h.crash_fd}") for h in handles
             if h.crash_fd is not None]
 
@@ -60,7 +60,7 @@ def test_without_memfd_a_crash_report_is_a_private_file_unlinked_at_once(ctx, mo
     monkeypatch.delattr(os, "memfd_create", raising=False)
     with pool.ProcessPool(1, mp_context=ctx) as p:
         p.submit(tasks.square, 2).result(60)
-        (handle,) = p._dispatcher._workers.values()
+        (handle,) = p._dispatcher._loop._workers.values()
         assert handle.crash_fd is not None
         assert os.readlink(f"/proc/self/fd/{handle.crash_fd}").endswith("(deleted)")
         assert stat.S_IMODE(os.fstat(handle.crash_fd).st_mode) == 0o600  # the user's only

@@ -260,7 +260,7 @@ def test_async_with_waits_for_the_leases_tasks_and_a_cancel_stops_them(tmp_path)
 def test_a_broken_shared_pool_is_replaced_even_while_leased():
     lease = pool.shared(max_workers=1)
     assert lease.submit(tasks.square, 2).result(60) == 4
-    lease._pool._dispatcher._injected_fault = RuntimeError("injected")
+    lease._pool._dispatcher._loop._injected_fault = RuntimeError("injected")
     lease._pool._dispatcher._wakeup.wake()
     lease._pool._dispatcher.finished.result(30)
     with pytest.raises(pool.PoolInternalError):

@@ -172,8 +172,7 @@ def test_shutdown_waits_for_a_slow_dying_group_member_or_reports_it(
         ctx, monkeypatch, caplog, dies_in_time):
     # Stand-in for a member of a worker's group that takes a while to die after SIGKILL
     # (a huge process freeing its memory, or one stuck in the kernel).
-    from pool._dispatcher import loop as _dispatcher
-    from pool._worker import handle as _worker_handle
+    from pool._worker import teardown
     caplog.set_level(logging.ERROR, logger="pool")
     checks = []
     lingering_pid = 999_999_999
@@ -182,8 +181,8 @@ def test_shutdown_waits_for_a_slow_dying_group_member_or_reports_it(
         checks.append(pgid)
         return [lingering_pid] if not dies_in_time or len(checks) < 20 else []
 
-    monkeypatch.setattr(_worker_handle._teardown, "live_group_members", members)
-    monkeypatch.setattr(_dispatcher._teardown, "live_group_members", members)
+    # The worker's handle and the dispatcher's reaper both look it up in the module.
+    monkeypatch.setattr(teardown, "live_group_members", members)
     p = pool.ProcessPool(1, mp_context=ctx, kill_grace=0.5)
     assert p.submit(tasks.square, 3).result(60) == 9
     p.shutdown()

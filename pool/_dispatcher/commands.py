@@ -1,18 +1,24 @@
-"""What caller threads hand the dispatcher: task records and the commands that carry them.
+"""What crosses the thread boundary: what callers hand the loop, and what the loop may do
+with the object they hold.
 
-Owns: nothing but these value types. Created in callers' threads, consumed in the
-dispatcher thread (through its command queue).
+Owns: the value types callers queue for the loop (a ``Submission`` per task, and the
+commands that carry them), and ``Front``: the part of the ``Dispatcher`` the loop uses.
+Runs in: commands are made in callers' threads and consumed in the dispatcher thread,
+through the front's queue; ``Front``'s methods are called by the dispatcher thread only.
 Guarantees: a ``Submission`` is the only place a submitted task's future and encoded call
-live; the dispatcher pops it when the task ends.
+live; the loop pops it when the task ends.
+Assumes: nothing; these are types only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any, Callable, Iterator, Protocol, Union
 
 from .._errors import TaskInfo
-from .._futures import Latch, PoolFuture
+from .._futures import PoolFuture
+from .._latch import Latch
+from .._stats import PoolStats
 from .._wire.frames import Buffers
 
 
@@ -35,7 +41,7 @@ EncodedCall = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Buffers
 
 @dataclass(frozen=True, slots=True)
 class Submit:
-    records: list[Submission]  # one submit(), or a group of map()'s, in order
+    submissions: list[Submission]  # one submit(), or a group of map()'s, in order
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,3 +66,39 @@ class Sync:
 
 
 Command = Union[Submit, Shutdown, StopTask, Terminate, Sync]
+
+
+class Front(Protocol):
+    """What the loop may do with the ``Dispatcher`` its callers hold: take what they
+    queued, publish what they read, and move the admission. Dispatcher thread only."""
+
+    name: str
+    broken_error: BaseException | None  # read by the loop; written through the methods
+
+    def take_commands(self) -> Iterator[Command]:
+        """The commands queued so far, in order."""
+
+    def take_cancels(self) -> list[int]:
+        """The ids of the tasks callers cancelled since the last call."""
+
+    def publish_processes(self, processes: dict[int, Any]) -> None:
+        """The live workers' ``Process`` objects by pid."""
+
+    def publish_census(self, census: tuple[int, int], stats: PoolStats) -> None:
+        """The machine's census and the stats, for the caller that asked."""
+
+    def pool_broken(self, error: BaseException) -> None:
+        """Workers cannot start: ``submit`` raises ``error`` from now on."""
+
+    def loop_failed(self, error: BaseException) -> None:
+        """The loop raised: ``submit`` raises ``error``; the admission is FAILED."""
+
+    @property
+    def failed(self) -> bool:
+        """The loop failed: the machine's records describe nothing any more."""
+
+    def loop_ended(self) -> bool:
+        """No command reaches the loop from now on; False if that was already so."""
+
+    def signal_ended(self) -> None:
+        """Wake every caller waiting for the end (once the admission is ENDED)."""

@@ -16,7 +16,7 @@ import logging
 import traceback
 from typing import Any
 
-from .._core import actions as _actions
+from .._core.actions import Fail, FailCause
 from .._errors import (InitializerError, TaskInfo, TaskTimeout, WorkerDied,
                        WorkerStartRefused, WorkerTerminated, describe_exit)
 from .._futures import PoolFuture
@@ -62,7 +62,7 @@ class StartFailures:
         """The system refused to start a worker (``is_refusal``), for the ``in_a_row``-th
         round of starts in a row. Logged once a streak, not at every try."""
         self._last = f"the system refused to start a worker: {format_error(exc)}{_limit_hint(exc)}"
-        exc.__traceback__ = None  # (its frames hold the dispatcher: keep the error alone)
+        exc.__traceback__ = None  # its frames hold the dispatcher: keep the error alone
         self._cause = exc
         if in_a_row == 1:
             logger.warning("%s: %s; trying again, less and less often", self._pool_name,
@@ -94,14 +94,14 @@ def resolve(future: PoolFuture[Any], result: Any, exception: BaseException | Non
         pass
 
 
-def failure(action: _actions.Fail, info: TaskInfo) -> BaseException:
+def failure(action: Fail, info: TaskInfo) -> BaseException:
     """The error for a task whose worker ended while running it (it died, timed out, or
     was terminated)."""
     exited: Exit = action.exited
-    if action.cause is _actions.FailCause.TIMED_OUT:
+    if action.cause is FailCause.TIMED_OUT:
         assert action.timeout is not None
         return TaskTimeout(action.timeout, exited.pid, info, exited.crash_report)
-    if action.cause is _actions.FailCause.TERMINATED:
+    if action.cause is FailCause.TERMINATED:
         return WorkerTerminated(exited.pid, exited.exitcode, info)
     return WorkerDied(exited.pid, exited.exitcode, info, exited.crash_report,
                       exited.ended_because)
@@ -157,7 +157,7 @@ def warn_if_descriptors_short(pool_name: str, max_workers: int) -> None:
     except ImportError:  # not POSIX
         return
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    needed = max_workers * PARENT_DESCRIPTORS_PER_WORKER + 64  # (and the process's own)
+    needed = max_workers * PARENT_DESCRIPTORS_PER_WORKER + 64  # and the process's own
     if soft == resource.RLIM_INFINITY or needed <= soft:
         return
     logger.warning(

@@ -19,16 +19,12 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any, Callable
 
-from .exceptions import decode_exception, encode_exception, release_frames, safe_str
+from .exceptions import decode_exception, encode_exception
 from .frames import BodyReader, Buffers, Frame, Kind, MalformedFrame, Unreceivable
 from .picklers import PROTOCOL, Borrow, Snapshot, dump, kept_picklers
 
 if TYPE_CHECKING:
     from .._errors import ArgumentPicklingError
-
-__all__ = ["dumps_callable", "dumps_arguments", "encode_call", "decode_call",
-           "load_arguments", "encode_result", "decode_outcome",
-           "encode_exception", "decode_exception", "release_frames", "safe_str"]
 
 # cloudpickle and the pool's errors are imported where first needed, not here. A worker
 # imports this module at its start, and one whose tasks are pickled by reference and
@@ -221,7 +217,7 @@ def decode_outcome(frame: Frame) -> tuple[bool, Any]:
             from .._errors import ResultTransferError
             error = ResultTransferError(None, "unpickling in the parent",
                                         f"{type(err).__name__}: {err}")
-            error.__cause__ = err  # its frames are cleared later: see release_frames
+            error.__cause__ = err  # its frames are cleared later: see exceptions.release_frames
             return False, error
     if frame.kind is Kind.RAISED:
         return False, decode_exception(frame.body)

@@ -40,7 +40,8 @@ from multiprocessing import context as _context
 from multiprocessing import reduction
 
 from .. import _exit
-from .._wire import frames as _frames, pickling as _pickling, pipes as _pipes
+from .._wire import exceptions as _exceptions, frames as _frames, pickling as _pickling
+from .._wire import pipes as _pipes
 from .streams import drop_inherited_output
 from .._wire.frames import Kind
 
@@ -270,7 +271,7 @@ def _run_initializer(initializer: Initializer, reply_fd: int) -> bool:
         import logging
         logging.getLogger("concurrent.futures").critical("Exception in initializer:",
                                                          exc_info=exc)
-        _frames.write_frame(reply_fd, Kind.INIT_FAILED, 0, _pickling.encode_exception(exc))
+        _frames.write_frame(reply_fd, Kind.INIT_FAILED, 0, _exceptions.encode_exception(exc))
         return False
     return True
 
@@ -357,14 +358,14 @@ def _run_call(functions: _FunctionCache, body: Any) -> tuple[Kind, bytes | _fram
         from .._errors import ArgumentUnpicklingError
         error = ArgumentUnpicklingError(
             f"the worker (pid {os.getpid()}) could not unpickle the task's function or "
-            f"arguments: {type(exc).__name__}: {_pickling.safe_str(exc)}")
+            f"arguments: {type(exc).__name__}: {_exceptions.safe_str(exc)}")
         error.__cause__ = exc
-        return Kind.RAISED, _pickling.encode_exception(error)
+        return Kind.RAISED, _exceptions.encode_exception(error)
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:
         _drop_own_frame(exc)
-        return Kind.RAISED, _pickling.encode_exception(exc)
+        return Kind.RAISED, _exceptions.encode_exception(exc)
     return _pickling.encode_result(value)
 
 
