@@ -61,7 +61,7 @@ class RunSummary(NamedTuple):
     signum: int = 0
 
 
-class Ending:
+class RunEnding:
     """The stop signals of one run, and why and how it ended."""
 
     def __init__(self, events: Events) -> None:

@@ -39,7 +39,7 @@ from typing import Callable, Iterator
 from . import output
 from .inputs import Input
 from .lines import Lines, Messages, Window
-from .map_end import End, Ending, RunSummary
+from .map_end import End, RunEnding, RunSummary
 from .map_events import Events, InputReader
 from .map_jobs import Jobs
 from .options import Options
@@ -59,7 +59,7 @@ class Run:
                  stdout_fd: int, stderr_fd: int | None) -> None:
         self.options = options
         self.events: Events = queue.SimpleQueue()
-        self.ending = Ending(self.events)
+        self.ending = RunEnding(self.events)
         self.window = Window(options.window)
         messages = Messages(stderr_fd, self.ending.give_up)
         progress = (output.ProgressLine(messages, tty=messages.isatty(), interval=3.0)

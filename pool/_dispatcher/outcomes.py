@@ -25,7 +25,7 @@ from .._worker.handle import Exit
 logger = logging.getLogger("pool")
 
 
-class StartFailures:
+class StartFailureReport:
     """Why the last worker failed to start, for the error the waiting tasks get."""
 
     def __init__(self, pool_name: str) -> None:

@@ -38,7 +38,7 @@ from .._worker.handle import WorkerHandle
 from .._worker.main import Initializer
 from .._worker.main_guard import keep_main_importable
 from .commands import Front, Submission
-from .outcomes import StartFailures, failure, is_refusal, resolve
+from .outcomes import StartFailureReport, failure, is_refusal, resolve
 from .reaper import Reaper
 from .wakeup import Wakeup
 
@@ -63,7 +63,7 @@ class Performer:
         self.workers: dict[int, WorkerHandle] = {}  # a slot's index -> its live worker
         self.submissions: dict[int, Submission] = {}  # by task id
         self.counters = Counters()
-        self._start_failures = StartFailures(self.name)
+        self._start_failure_report = StartFailureReport(self.name)
         self._wakeup: Wakeup | None = None
         self._lifeline: tuple[int, int] | None = None
 
@@ -140,7 +140,7 @@ class Performer:
                 case Unreaped():
                     self._abandon(action.index)
                 case Broken():
-                    self._front.pool_broken(self._start_failures.error(MAX_START_FAILURES))
+                    self._front.pool_broken(self._start_failure_report.error(MAX_START_FAILURES))
                 case _:
                     raise AssertionError(f"unknown action {action!r}")
 
@@ -165,7 +165,7 @@ class Performer:
             assert self._front.broken_error is not None
             error = copy_error(self._front.broken_error)
         elif cause is FailCause.REFUSED:
-            error = self._start_failures.refused_error(self._machine.refused_starts)
+            error = self._start_failure_report.refused_error(self._machine.refused_starts)
         elif cause is FailCause.MISBEHAVED:
             assert action.index is not None
             error = WorkerProtocolError(
@@ -215,7 +215,7 @@ class Performer:
             return  # the pool was ending it: not a death
         self.counters.worker_died(exited.exitcode)
         if action.departure is Departure.AT_START:
-            self._start_failures.worker_ended(exited.start_error, exited)
+            self._start_failure_report.worker_ended(exited.start_error, exited)
         elif action.departure is Departure.IDLE:
             logger.warning("%s: idle worker pid %d died (%s); replacing it%s", self.name,
                            exited.pid, describe_exit(exited.exitcode),
@@ -246,9 +246,9 @@ class Performer:
         except Exception as exc:
             if is_refusal(exc):
                 self.counters.starts_refused += 1
-                self._start_failures.refused(exc, self._machine.refused_starts + 1)
+                self._start_failure_report.refused(exc, self._machine.refused_starts + 1)
                 return self._machine.spawn_refused(index)
-            self._start_failures.spawn_raised(exc)
+            self._start_failure_report.spawn_raised(exc)
             return self._machine.spawn_failed(index)
         self.counters.workers_started += 1
         self._publish_processes()
