@@ -351,7 +351,7 @@ def _forget_in_child() -> None:
         _current = None
 
 
-os.register_at_fork(after_in_child=_forget_in_child)  # (cheap: two assignments per fork)
+os.register_at_fork(after_in_child=_forget_in_child)  # cheap: two assignments per fork
 
 
 async def to_process(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
