@@ -84,6 +84,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--tasks", type=int, default=10_000)
     args = parser.parse_args()
+    if os.path.realpath(args.before) == os.path.realpath(args.after):
+        parser.error("BEFORE_TREE and AFTER_TREE are the same tree")
     results: dict[str, list[dict[str, float]]] = {args.before: [], args.after: []}
     with tempfile.TemporaryDirectory() as folder:
         # A file, not -c: workers started by forkserver import the main module's functions.

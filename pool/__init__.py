@@ -10,7 +10,7 @@ assumes; docs/architecture.md walks through them.
 - the API, here: ``_executor`` (``ProcessPool``, with ``_options`` for its arguments,
   ``_first_task`` for what its first task needs done first and ``_stdlib_attributes``
   for the stdlib's private attributes it keeps), ``_mapping`` (``map``), ``_aio``
-  (asyncio), ``_progress``, ``_stats``, ``_shared`` (``pool.shared()``, ``to_process``),
+  (asyncio), ``_progress``, ``_stats``, ``_shared`` (``pool.shared()``), ``_to_process``,
   ``_patch`` (``pool.patch()``, with ``_patched`` and the start-up hook in ``_startup``),
   ``_futures`` (``PoolFuture``), ``_latch`` (how callers wait), ``_callbacks`` (the
   threads that run done-callbacks), ``_errors``, ``_exit`` (the pools and the process's
@@ -37,7 +37,8 @@ if TYPE_CHECKING:  # what type checkers see; at run time these load on first use
     from ._futures import PoolFuture
     from ._patch import Patch, patch
     from ._progress import as_completed
-    from ._shared import Lease, shared, to_process
+    from ._shared import Lease, shared
+    from ._to_process import to_process
     from ._stats import PoolStats, WorkerStats
 
 # Loaded on first use, not by ``import pool``. Every worker process imports this package,
@@ -55,7 +56,7 @@ _LAZY = {
     "PoolFuture": "_futures",
     "Patch": "_patch", "patch": "_patch",
     "as_completed": "_progress",
-    "Lease": "_shared", "shared": "_shared", "to_process": "_shared",
+    "Lease": "_shared", "shared": "_shared", "to_process": "_to_process",
     "PoolStats": "_stats", "WorkerStats": "_stats",
 }
 

@@ -179,6 +179,42 @@ def forget_inherited_forkserver() -> None:
             pass
 
 
+def starting_as_spawned_worker() -> bool:
+    """Whether this process is a spawn or forkserver worker still importing its parent's
+    main script (``multiprocessing.current_process()._inheriting``, set while it does): a
+    pool made at that script's top level would start workers of its own.
+
+    Checked on 3.11, 3.12, 3.13, 3.14, 3.15 (``multiprocessing.spawn`` sets it on each)."""
+    import multiprocessing
+    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
+
+
+# The pipes multiprocessing's fork Popen opens before it forks, by the names its ``_launch``
+# gives them. Should the names change, nothing is found and the pipes stay open, as they
+# would without pool.
+_FORK_LAUNCH_PIPES = ("parent_r", "child_w", "child_r", "parent_w")
+
+
+def pipes_of_failed_fork(exc: BaseException) -> list[int]:
+    """The descriptors that a fork ``Process.start()`` which raised ``exc`` left open:
+    when ``os.fork()`` fails (EAGAIN: out of processes), ``Popen._launch`` has opened its
+    pipes and closes none of them, four descriptors per refused start. They are read from
+    the ``_launch`` frame in the traceback, only when fork itself raised (no pid yet).
+
+    Checked on 3.11, 3.12, 3.13, 3.14, 3.15 (the four names in ``popen_fork``)."""
+    found: list[int] = []
+    traceback_ = exc.__traceback__
+    while traceback_ is not None:
+        frame = traceback_.tb_frame
+        if (frame.f_code.co_name == "_launch"
+                and frame.f_code.co_filename.endswith("popen_fork.py")
+                and getattr(frame.f_locals.get("self"), "pid", None) is None):
+            found += [fd for name in _FORK_LAUNCH_PIPES
+                      if isinstance(fd := frame.f_locals.get(name), int)]
+        traceback_ = traceback_.tb_next
+    return found
+
+
 def forget_child_process(process: Any) -> None:
     """Drop ``process`` from the children multiprocessing joins at interpreter exit
     (``multiprocessing.process._children``): a process the pool could not reap would hang

@@ -354,24 +354,6 @@ def _forget_in_child() -> None:
 os.register_at_fork(after_in_child=_forget_in_child)  # cheap: two assignments per fork
 
 
-async def to_process(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-    """Run ``fn(*args, **kwargs)`` in a worker process and return its result, without
-    blocking the event loop: ``asyncio.to_thread`` for work that needs a process (CPU-bound
-    Python, code that may crash or hang).
-
-    It runs on the process-wide shared pool (:func:`pool.shared`), made at the first call
-    if there is none yet (a worker per CPU; idle workers exit after a minute and start
-    again on demand), and ended at interpreter exit. Cancelling the call stops the task,
-    killing its worker if it runs; a worker's death raises :class:`pool.WorkerDied`.
-    ``fn``, its arguments and its result must be picklable, as with ``submit``. For options
-    (timeouts, ``initializer``), use a pool of your own and its :meth:`ProcessPool.run`.
-    """
-    # A lease on the shared pool, whatever its options (a call that names none never
-    # conflicts), dropped once the task is submitted: releasing it leaves the task, and the
-    # pool, running. Cancelling the await stops the task (``PoolFuture.__await__``).
-    return await shared().submit(fn, *args, **kwargs)
-
-
 def discard() -> None:
     """Forget the shared pool and shut it down, waiting for its workers to be gone. For the
     tests only: no public call shuts down a pool that others may hold leases on."""

@@ -56,6 +56,19 @@ def test_a_worker_imports_only_what_a_worker_runs():
     assert out.strip() == "[]", out
 
 
+def test_importing_to_process_loads_no_pool():
+    # A main script that imports to_process is imported again by every spawn and forkserver
+    # worker: the shared pool, the executor and the errors load at the first call only.
+    import subprocess
+    import sys
+    heavy = "'pool._shared', 'pool._executor', 'pool._errors', 'pool._dispatcher.front'"
+    code = (f"import sys; from pool import to_process; "
+            f"print(sorted(m for m in ({heavy}) if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.strip() == "[]", out
+
+
 def test_every_public_name_loads_on_first_use_and_is_listed():
     import subprocess
     import sys

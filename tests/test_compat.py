@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pathlib
 import subprocess
 import sys
 import threading
@@ -35,6 +36,64 @@ def test_every_private_name_is_there():
     server = forkserver._forkserver
     for name in ("_forkserver_pid", "_preload_modules", "_forkserver_alive_fd"):
         assert hasattr(server, name), name
+    # What pipes_of_failed_fork reads: _launch's locals, by name.
+    import inspect
+    from multiprocessing import popen_fork, spawn
+    launch = inspect.getsource(popen_fork.Popen._launch)
+    for name in ("parent_r", "child_w", "child_r", "parent_w"):
+        assert name in launch, name
+    assert "_inheriting = True" in inspect.getsource(spawn)  # starting_as_spawned_worker
+
+
+def test_starting_as_spawned_worker_is_true_only_while_a_worker_imports_the_main(tmp_path):
+    script = tmp_path / "main_script.py"
+    script.write_text(
+        "import multiprocessing, sys\n"
+        f"sys.path.insert(0, {str(pathlib.Path(_compat.__file__).parent.parent)!r})\n"
+        "from pool import _compat\n"
+        "SEEN_AT_IMPORT = _compat.starting_as_spawned_worker()\n"
+        "def at_import(_):\n"
+        "    return SEEN_AT_IMPORT\n"
+        "def in_task(_):\n"
+        "    return _compat.starting_as_spawned_worker()\n"
+        "if __name__ == '__main__':\n"
+        "    with multiprocessing.get_context('spawn').Pool(1) as p:\n"
+        "        print(_compat.starting_as_spawned_worker(), p.map(at_import, [0])[0],\n"
+        "              p.map(in_task, [0])[0])\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=60, check=True, cwd=str(tmp_path)).stdout
+    assert out.split() == ["False", "True", "False"]
+
+
+def test_pipes_of_failed_fork_finds_the_launch_pipes_only_when_fork_raised():
+    # A stand-in for popen_fork's frame: the finder reads a frame's code name, file name and
+    # locals, so a function of that name in a file of that name is the same to it.
+    import tempfile
+    folder = tempfile.mkdtemp()
+    path = os.path.join(folder, "popen_fork.py")
+    with open(path, "w") as out:
+        out.write("def _launch(self, fds, failing):\n"
+                  "    parent_r, child_w, child_r, parent_w = fds\n"
+                  "    if failing:\n"
+                  "        raise OSError(11, 'fork refused')\n")
+    namespace: dict = {}
+    exec(compile(open(path).read(), path, "exec"), namespace)
+
+    class Popen:
+        pid = None
+
+    try:
+        namespace["_launch"](Popen(), (10, 11, 12, 13), True)
+    except OSError as exc:
+        assert _compat.pipes_of_failed_fork(exc) == [10, 11, 12, 13]
+    Popen.pid = 123  # forked: the pipes were handed on, and are not the pool's to close
+    try:
+        namespace["_launch"](Popen(), (10, 11, 12, 13), True)
+    except OSError as exc:
+        assert _compat.pipes_of_failed_fork(exc) == []
+    assert _compat.pipes_of_failed_fork(ValueError("no traceback")) == []
+    os.remove(path)
+    os.rmdir(folder)
 
 
 def test_importing_it_imports_nothing_a_worker_does_not_need():

@@ -1,5 +1,5 @@
-"""The wire: frames (``_frames``), pipe mechanics (``_pipes``), pickling (``_pickling``) and
-exceptions on the wire (``_exceptions``), in one process: the reader never blocks and never
+"""The wire (``pool._wire``): frames (``frames``), pipe mechanics (``pipes``), pickling
+(``pickling``, ``picklers``) and exceptions on the wire (``exceptions``), in one process: the reader never blocks and never
 trusts garbage."""
 
 from __future__ import annotations

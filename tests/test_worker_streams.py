@@ -1,4 +1,4 @@
-"""A forked worker's inherited standard streams (``_worker_streams``): which count as
+"""A forked worker's inherited standard streams (``pool._worker.streams``): which count as
 stuck, and what replaces them. (The whole story, with real forks: test_blocked_output.)"""
 
 from __future__ import annotations

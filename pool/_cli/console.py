@@ -2,6 +2,7 @@
 on standard error, flushing without failing, whether a descriptor is open, and the exit
 statuses.
 
+Owns: nothing but these functions and the exit statuses.
 Runs in: the command's main thread.
 Guarantees: nothing here raises for a closed or broken standard stream: a command that
 has lost its terminal still ends with its status.

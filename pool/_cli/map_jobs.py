@@ -38,7 +38,7 @@ from .._executor import ProcessPool
 class _Job(NamedTuple):
     inputs: list[Input]
     attempt: int
-    handed: float          # time.time() when handed to the pool
+    handed_at: float       # time.time() when handed to the pool
 
 
 class Jobs:
@@ -54,7 +54,7 @@ class Jobs:
         self.stop_signals = stop_signals
         self.pool: ProcessPool | None = None
         self.capture_directory = ""                    # where workers keep what inputs print
-        self.handed: dict[Future[Any], _Job] = {}      # handed to the pool, not yet done
+        self.pending: dict[Future[Any], _Job] = {}     # handed to the pool, not yet done
         self.in_pool = 0                               # inputs in those jobs
         self.batch: list[Input] = []                   # inputs gathered for the next chunk
         self.ready: collections.deque[list[Input]] = collections.deque()  # chunks to hand
@@ -86,7 +86,7 @@ class Jobs:
 
     def nothing_left(self) -> bool:
         """No job in the pool, no chunk waiting, no input gathered."""
-        return not self.handed and not self.batch and not self.ready
+        return not self.pending and not self.batch and not self.ready
 
     def take(self, item: Input) -> None:
         """An input the reader read: skipped, failed at once, or gathered for a chunk."""
@@ -116,7 +116,7 @@ class Jobs:
         self._pump()
 
     def _pump(self) -> None:
-        while self.ready and len(self.handed) < self.max_jobs and not self.starting_stopped:
+        while self.ready and len(self.pending) < self.max_jobs and not self.starting_stopped:
             self._hand(self.ready.popleft(), attempt=1)
 
     def _hand(self, items: list[Input], attempt: int) -> None:
@@ -126,13 +126,13 @@ class Jobs:
         timeout = None if options.timeout is None else options.timeout * len(items)
         future = self.pool.schedule(run_job, (options.function, calls, options.as_json),
                                     timeout=timeout)
-        self.handed[future] = _Job(items, attempt, time.time())
+        self.pending[future] = _Job(items, attempt, time.time())
         self.in_pool += len(items)
         future.add_done_callback(post_done(self.events))
 
     def finish(self, future: Future[Any]) -> None:
         """A job the pool is done with: its inputs' outcomes go to the results."""
-        job = self.handed.pop(future, None)
+        job = self.pending.pop(future, None)
         if job is None:
             return
         self.in_pool -= len(job.inputs)
@@ -160,8 +160,9 @@ class Jobs:
                 self.results.echo(job.inputs[0] if len(job.inputs) == 1 else None,
                                   take_capture(self.capture_directory, pid))
             failure = output.failure_of(error)
+            ran_for = time.time() - job.handed_at
             for item in job.inputs:
-                self._fail(item, failure, job.attempt, job.handed, time.time() - job.handed)
+                self._fail(item, failure, job.attempt, job.handed_at, ran_for)
         # Only now: a failure above may have halted the run, and then nothing more starts.
         self._pump()
 
@@ -200,7 +201,7 @@ class Jobs:
         self.starting_stopped = True
         self.window.stopped = True
         self.batch, self.ready = [], collections.deque()   # never started: not finished
-        for future in list(self.handed):
+        for future in list(self.pending):
             future.cancel()   # what has not started; with "soon", the running ones finish
 
 

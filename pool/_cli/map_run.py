@@ -3,6 +3,7 @@ run ends. ``Run`` coordinates the parts: the threads that post events (``map_eve
 the jobs in the pool (``map_jobs``), the lines and messages (``results``), and the stop
 signals and the end (``map_end``).
 
+Owns: one run: its event queue, its parts, and the order in which they start and end.
 Runs in: the command's main thread, and a reader thread that turns the input into
 ``Input`` records. With ``--progress`` on a file, a third thread counts them. Everything
 reaches the main thread as an event on one queue: inputs and their end from the reader,
@@ -140,7 +141,7 @@ class Run:
         jobs = self.jobs
         chores_due = time.monotonic()
         while True:
-            if jobs.starting_stopped and not jobs.handed:
+            if jobs.starting_stopped and not jobs.pending:
                 return End.READ_ERROR if self.ending.problem is not None else End.HALT
             if self.eof and jobs.nothing_left():
                 return End.DONE

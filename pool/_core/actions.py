@@ -8,6 +8,7 @@ record is the machine's own, and everywhere else a slot is its index.
 The facts an action needs from the event that caused it (a reply's outcome, a dead worker's
 ``Exit``, why a worker is called misbehaving) travel in it, opaque to the machine and left
 out of comparisons, so that the dispatcher acts on each where it arrives.
+Assumes: the dispatcher carries out each action once, in the order given.
 """
 
 from __future__ import annotations

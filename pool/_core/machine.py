@@ -52,13 +52,11 @@ from .escalation import Escalator
 from .lifecycle import Lifecycle
 from .placement import Placement
 from .records import Records
-# The dispatcher reads this one here; the other constants live in their parts.
-from .start_failures import MAX_START_FAILURES, StartFailures
+from .start_failures import StartFailures
 from .staffing import Staffing
 from .states import (WORKING, InvalidTransition, PoolLife, Slot, SlotState, Task,
                      TaskState, Timeouts)
 
-__all__ = ["StateMachine", "MAX_START_FAILURES"]
 
 
 class StateMachine:
@@ -69,7 +67,7 @@ class StateMachine:
                  pipeline_max_frame: int = 4096, timeouts: Timeouts = Timeouts(),
                  idle_timeout: float | None = None) -> None:
         """``pipeline_max_frame``: the largest frame, header included, that may be sent
-        ahead, behind a running task: ``_limits.PIPELINE_MAX_FRAME`` in the pool."""
+        ahead, behind a running task: ``_wire.limits.PIPELINE_MAX_FRAME`` in the pool."""
         assert max_workers >= 1 and pipeline_depth >= 1 and pipeline_max_frame > 0
         assert idle_timeout is None or idle_timeout > 0
         self._clock = clock

@@ -33,8 +33,8 @@
 
 Owns: the ``StateMachine`` (and with it the pool's life), the ``Performer`` (the workers, the
 submissions in flight, the counts), the ``Reaper`` (workers and process groups not yet
-confirmed gone), the errors decoded this turn, and the thread itself. It shares nothing
-with callers but its front (``commands.Front``) and the wakeup handle.
+confirmed gone) and the errors decoded this turn. The front holds the thread. It shares
+nothing with callers but its front (``commands.Front``) and the wakeup handle.
 Runs in: the dispatcher thread, but for ``start`` (the caller that submits first, under the
 front's lock) and ``close_in_forked_child`` (a forked child).
 Guarantees:
@@ -178,7 +178,7 @@ class Loop:
         unscheduled = False  # submissions queued, not yet sent
         for command in self._front.take_commands():
             if isinstance(command, Submit):
-                unscheduled |= self._queue(command.submissions)
+                unscheduled |= self._take_in(command.submissions)
                 continue
             if unscheduled:
                 perform(machine.schedule())
@@ -197,7 +197,7 @@ class Loop:
         if unscheduled:
             perform(machine.schedule())
 
-    def _queue(self, submissions: list[Submission]) -> bool:
+    def _take_in(self, submissions: list[Submission]) -> bool:
         """Tell the machine of submissions, without sending them yet; True if it queued
         any (those cancelled already, or submitted after it closed, it never hears of)."""
         machine, performer = self._machine, self._performer

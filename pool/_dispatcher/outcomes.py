@@ -7,6 +7,7 @@ Runs in: the dispatcher thread.
 Guarantees: resolving never raises (a future the caller cancelled meanwhile is left as it
 is); no user code runs here: messages that show user objects are built lazily by the
 exceptions themselves.
+Assumes: a submission's future is resolved here and nowhere else, once.
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ from typing import Any
 from .._core.actions import (Action, AskToExit, Broken, Cancel, Departure, DumpStack, Fail,
                              FailCause, Misbehaved, Reclaim, Resolve, Send, Signal, Spawn,
                              Stopped, Unreaped, WorkerGone)
-from .._core.machine import MAX_START_FAILURES, StateMachine
+from .._core.machine import StateMachine
+from .._core.start_failures import MAX_START_FAILURES
 from .._errors import WorkerDied, WorkerProtocolError, copy_error, describe_exit
 from .._stats import Counters, Outcome, WorkerStats
 from .._worker import teardown

@@ -1,9 +1,8 @@
-"""Pickling: how calls and results become frame bodies, and back; the entry point for
-every frame body a task's values travel in.
+"""Pickling: how calls and results become frame bodies, and back.
 
 Owns: the bodies of CALL and RESULT frames, and the rules for what travels by reference
-(pickle) or by value (cloudpickle). Callers use this module for exceptions too: their
-bodies are ``exceptions``'s, and the picklers that write bodies are ``picklers``'s.
+(pickle) or by value (cloudpickle). A raised exception's body is ``exceptions``'s; the
+picklers that write bodies are ``picklers``'s.
 Runs in: callers' threads (pickling a call), the dispatcher thread (decoding replies) and
 the worker (decoding calls, encoding outcomes).
 Guarantees: anything that fails to pickle or unpickle becomes a per-task error that names

@@ -130,13 +130,6 @@ def _check_descriptors_to_start() -> None:
         _teardown.close_fds(*taken)
 
 
-# The pipes multiprocessing's fork Popen opens before it forks, by the names its
-# ``_launch`` gives them (3.11-3.14). When fork() fails with EAGAIN (out of processes), it
-# leaves them open: four descriptors per refused start. ``_release_failed_start`` closes
-# them. Should the names change, they are left open, as before.
-_FORK_LAUNCH_PIPES = ("parent_r", "child_w", "child_r", "parent_w")
-
-
 def _release_failed_start(exc: BaseException) -> None:
     """Gives back what a ``Process.start()`` that raised still holds.
 
@@ -144,16 +137,8 @@ def _release_failed_start(exc: BaseException) -> None:
     Under every method: the traceback, which keeps the half-made Popen alive, and with it
     the descriptors its finalizer closes (spawn's pipes). The exception itself is kept,
     for the error that may name it later."""
-    traceback_ = exc.__traceback__
-    while traceback_ is not None:
-        frame = traceback_.tb_frame
-        if (frame.f_code.co_name == "_launch"
-                and frame.f_code.co_filename.endswith("popen_fork.py")
-                and getattr(frame.f_locals.get("self"), "pid", None) is None):
-            # fork() itself raised: none of these was closed or handed to anyone.
-            _teardown.close_fds(*(fd for name in _FORK_LAUNCH_PIPES
-                                  if isinstance(fd := frame.f_locals.get(name), int)))
-        traceback_ = traceback_.tb_next
+    # fork() itself raised: none of these was closed or handed to anyone.
+    _teardown.close_fds(*_compat.pipes_of_failed_fork(exc))
     if exc.__traceback__ is not None:
         traceback.clear_frames(exc.__traceback__)
     exc.__traceback__ = None

@@ -81,7 +81,7 @@ def check_main_is_guarded(start_method: str) -> None:
     """
     if start_method == "fork":
         return
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
+    if _compat.starting_as_spawned_worker():
         # We are such a worker (the parent could not see the mistake: no source).
         raise RuntimeError(_advice(start_method, "the main script", "(seen in a worker "
                                    "that was starting up)"))

@@ -8,6 +8,7 @@ Runs in: the dispatcher thread, and its firewall when the pool is failing.
 Guarantees: signals go to the worker and to its whole process group, so the processes a
 task started end with it. A process group is signalled only while its leader is unreaped:
 a zombie still holds its pid, so an id the kernel recycled is never hit.
+Assumes: each worker leads its own process group (``_worker.main`` makes it so).
 """
 
 from __future__ import annotations
