@@ -14,16 +14,9 @@ from pool._core.staffing import Staffing
 from pool._core.stalls import STALL_FIRST_SECONDS, UNREAD_AFTER_SECONDS, stall
 from pool._core.start_failures import START_RETRY_FIRST_SECONDS, StartFailures
 from pool._core.states import Ending, Escalation, SlotState, Task, TaskState, Timeouts
+from core_parts import FakeClock
 
 TIMEOUTS = Timeouts(stop=3.0, terminate=0.5, kill=5.0, dump=1.0)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Parts:

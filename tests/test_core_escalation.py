@@ -9,16 +9,9 @@ from pool._core.actions import AskToExit, DumpStack, Fail, FailCause, Signal, St
 from pool._core.escalation import STEPS, Escalator
 from pool._core.records import Records
 from pool._core.states import Ending, Escalation, SlotState, Task, TaskState, Timeouts
+from core_parts import FakeClock
 
 TIMEOUTS = Timeouts(stop=3.0, terminate=0.5, kill=5.0, dump=1.0)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def escalator() -> tuple[Escalator, Records, FakeClock]:

@@ -9,14 +9,7 @@ from pool._core.actions import AskToExit, Reclaim, Send, Signal, Spawn
 from pool._core.machine import StateMachine
 from pool._core.stalls import STALL_FIRST_SECONDS, UNREAD_AFTER_SECONDS
 from pool._core.states import PoolLife
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from core_parts import FakeClock
 
 
 def test_terminating_a_pool_that_never_started_a_worker_closes_it():

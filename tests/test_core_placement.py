@@ -16,16 +16,9 @@ from pool._core.stalls import (STALL_FIRST_SECONDS, UNREAD_AFTER_SECONDS, stall,
                                unread_deadline)
 from pool._core.states import (InvalidTransition, PoolLife, SlotState, Task, TaskState,
                                Timeouts)
+from core_parts import FakeClock
 
 SMALL, LARGE = 100, 10_000
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def placement(workers: int = 2, *, depth: int = 3, max_tasks: int | None = None,

@@ -8,14 +8,7 @@ import pytest
 from pool._core.records import Records
 from pool._core.states import (Escalation, InvalidTransition, PoolLife, SlotState, Stopping,
                                Task, TaskState, WorkerLife)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from core_parts import FakeClock
 
 
 def records(workers: int = 2) -> tuple[Records, FakeClock]:

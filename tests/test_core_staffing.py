@@ -3,48 +3,10 @@ fake clock."""
 
 from __future__ import annotations
 
+from core_parts import Parts
 from pool._core.actions import AskToExit, Spawn
-from pool._core.escalation import Escalator
-from pool._core.lifecycle import Lifecycle
-from pool._core.records import Records
-from pool._core.staffing import Staffing
 from pool._core.stalls import stall
-from pool._core.start_failures import StartFailures
-from pool._core.states import PoolLife, SlotState, Task, Timeouts
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Parts:
-    def __init__(self, workers: int = 3, idle_timeout: float | None = None) -> None:
-        self.clock = FakeClock()
-        self.records = Records(workers, self.clock)
-        self.starts = StartFailures()
-        escalator = Escalator(self.records, Timeouts())
-        self.staffing = Staffing(self.records, self.starts, escalator, idle_timeout)
-        self.lifecycle = Lifecycle(self.records, self.starts, escalator)
-
-    def queue(self, *task_ids: int) -> None:
-        for task_id in task_ids:
-            self.records.tasks[task_id] = Task(task_id, 100, True)
-            self.records.queue.append(task_id)
-
-    def ready(self, *indexes: int) -> None:
-        for index in indexes:
-            slot = self.records.slots[index]
-            self.records.move_slot(slot, SlotState.STARTING)
-            self.records.move_slot(slot, SlotState.READY)
-
-    def empty(self, *indexes: int) -> None:
-        for index in indexes:
-            self.records.move_slot(self.records.slots[index], SlotState.EMPTY)
-
+from pool._core.states import PoolLife, SlotState
 
 def test_workers_start_on_demand_while_queued_tasks_outnumber_places_to_run_them():
     parts = Parts(3)

@@ -17,14 +17,7 @@ from pool._core.placement import RECLAIM_AFTER_SECONDS
 from pool._core.stalls import STALL_FIRST_SECONDS, STALL_MAX_SECONDS, UNREAD_AFTER_SECONDS
 from pool._core.start_failures import (MAX_REFUSED_STARTS, MAX_START_FAILURES,
                                        START_RETRY_FIRST_SECONDS, START_RETRY_MAX_SECONDS)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from core_parts import FakeClock
 
 
 def machine(workers: int = 2, **kwargs: object) -> tuple[StateMachine, FakeClock]:
