@@ -26,7 +26,7 @@ import threading
 import weakref
 from typing import Any
 
-from . import _compat
+from . import _compat, _shake
 
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
 _registered = False
@@ -41,6 +41,8 @@ def _exiting_after_interrupt() -> bool:
 def _shut_down_all() -> None:
     global interpreter_exiting
     interpreter_exiting = True
+    if _shake.on:
+        _shake.pause("exit.before_pools")
     dispatchers = list(_live)
     interrupted = _exiting_after_interrupt()
     for dispatcher in dispatchers:

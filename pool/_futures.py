@@ -27,7 +27,7 @@ import threading
 from concurrent.futures import CancelledError, Future, InvalidStateError
 from typing import Any, Callable, Generator, TypeVar
 
-from . import _compat
+from . import _compat, _shake
 from ._callbacks import run_callbacks, runner_of_this_thread
 from ._compat import RLock
 from ._latch import Latch
@@ -134,6 +134,8 @@ class PoolFuture(Future[T]):
 
     def _wake(self) -> None:
         """Release the waiters (after the state became a done one)."""
+        if _shake.on:
+            _shake.pause("future.before_wake")
         if not self._wakers:
             return  # the usual case: nobody waits on this one
         for latch in list(self._wakers):

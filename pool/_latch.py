@@ -15,6 +15,8 @@ from __future__ import annotations
 import threading
 import time
 
+from . import _shake
+
 # A thread blocked on a lock without a timeout can miss a Ctrl-C for good. If SIGINT lands
 # after the interpreter's last check for pending signals and before the thread sleeps, the
 # signal is consumed and nothing wakes the thread to raise KeyboardInterrupt. Seen here in
@@ -58,6 +60,8 @@ class Latch:
                 return False
             if self._lock.acquire(True, left):
                 self._lock.release()  # if a Ctrl-C lands right here, is_set still says so
+            if _shake.on:
+                _shake.pause("latch.between_slices")
         return True
 
 

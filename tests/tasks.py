@@ -540,3 +540,9 @@ def write_to_reply_pipe(data, then="return"):
 def current_task_id():
     from pool._worker import main as _worker
     return _worker._current_task_id
+
+
+def slow_echo(x):
+    """An input of ``python -m pool map`` that takes a while (the shake's)."""
+    time.sleep(0.05)
+    return x

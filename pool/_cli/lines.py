@@ -34,6 +34,7 @@ import select
 import stat
 from typing import Callable
 
+from .. import _shake
 from .joblog import Entry, Joblog
 from .write import WriteAbandoned, WriteFailed, write_or_give_up
 
@@ -129,6 +130,8 @@ class Lines:
         if self._closed_by_reader is not None and self._closed_by_reader():
             self.abandon()
             raise OutputClosed
+        if _shake.on:
+            _shake.pause("cli.before_write")
         try:
             write_or_give_up(self._fd, self._buffer, self._give_up)
         except WriteAbandoned as exc:   # the rest is kept: the run may try again

@@ -28,6 +28,7 @@ import traceback
 from typing import Any, NamedTuple
 
 from . import output
+from .. import _shake
 from .joblog import JoblogError
 from .lines import OutputClosed, OutputFailed
 from .map_events import Events
@@ -89,6 +90,8 @@ class RunEnding:
         if not self.signals:
             self.first_signal_at = time.monotonic()
         self.signals.append(signum)
+        if _shake.on:
+            _shake.pause("cli.after_signal")
         self.events.put(("signal", signum))
 
     def give_up(self) -> bool:

@@ -27,6 +27,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Iterator
 
+from .. import _shake
 from .inputs import Input
 from .lines import Window
 
@@ -55,6 +56,8 @@ class InputReader:
     def _read(self, inputs: Iterator[Input]) -> None:
         try:
             while self.window.take():
+                if _shake.on:
+                    _shake.pause("cli.reader_next")
                 item = next(inputs, None)
                 if item is None:
                     self.events.put(("eof", None))

@@ -38,6 +38,7 @@ import time
 from typing import Callable, Iterator
 
 from . import output
+from .. import _shake
 from .inputs import Input
 from .lines import Lines, Messages, Window
 from .map_end import End, RunEnding, RunSummary
@@ -117,6 +118,8 @@ class Run:
         now gives up on the writing; the teardown still finishes, bounded by the pool's
         grace periods."""
         self.ending.winding_up = True
+        if _shake.on:
+            _shake.pause("cli.before_end_pool")
         self.jobs.end_pool(finished=end is End.DONE)
         if end in (End.OUTPUT_CLOSED, End.OUTPUT_FAILED):
             return end
@@ -141,6 +144,8 @@ class Run:
         jobs = self.jobs
         chores_due = time.monotonic()
         while True:
+            if _shake.on:
+                _shake.pause("cli.loop_turn")
             if jobs.starting_stopped and not jobs.pending:
                 return End.READ_ERROR if self.ending.problem is not None else End.HALT
             if self.eof and jobs.nothing_left():

@@ -31,7 +31,7 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Iterator
 
-from .. import _exit
+from .. import _exit, _shake
 from .._core.states import InvalidTransition, Timeouts
 from .._errors import TaskInfo, copy_error
 from .._callbacks import CallbackRunner
@@ -167,6 +167,8 @@ class Dispatcher:
                                               body, HEADER.size + size_of(body), timeout))
                 futures.append(future)
             self._commands.put(Submit(submissions))
+        if _shake.on:
+            _shake.pause("front.before_wake")
         assert self._wakeup is not None
         self._wakeup.wake()
         return futures
@@ -290,6 +292,8 @@ class Dispatcher:
             if self._thread is None or self._admission is Admission.ENDED:
                 return
             self._commands.put(command)
+        if _shake.on:
+            _shake.pause("front.before_wake")
         assert self._wakeup is not None
         self._wakeup.wake()
 

@@ -62,7 +62,7 @@ import time
 from multiprocessing.connection import wait
 from typing import Any
 
-from .. import _exit
+from .. import _exit, _shake
 from .._core.machine import StateMachine
 from .._core.states import Timeouts
 from .._errors import PoolInternalError
@@ -132,6 +132,8 @@ class Loop:
             try:
                 self._release()
             finally:  # even if releasing failed, nobody may wait for this loop forever
+                if _shake.on:
+                    _shake.pause("loop.before_end")
                 try:
                     if self._front.loop_ended():  # releasing raised before it got there
                         self._answer_leftovers()
@@ -145,9 +147,13 @@ class Loop:
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         timeout = self._reaper.wait_timeout(timeout)
         ready: set[int] = set(wait(self._watched(), timeout))  # type: ignore[arg-type]
+        if _shake.on:
+            _shake.pause("loop.after_wait")
         self.drain_cancels()
         self.drain_wakeups(ready)
         self.deliver_replies(ready)
+        if _shake.on:
+            _shake.pause("loop.before_exits")
         self.handle_exits(ready)
         self.fire_deadlines(deadline)
         self.flush_sends()

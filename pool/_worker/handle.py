@@ -30,6 +30,8 @@ import threading
 import traceback
 from typing import Any, Callable, NamedTuple
 
+from multiprocessing import resource_tracker
+
 from .. import _compat
 from .._wire import frames as _frames, limits as _limits, pipes as _pipes
 from . import teardown as _teardown
@@ -130,6 +132,40 @@ def _check_descriptors_to_start() -> None:
         _teardown.close_fds(*taken)
 
 
+# The signals a terminal or a service manager sends a whole process group to stop it.
+# The parent decides what they mean for the pool, not the pool's own processes.
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _start_holding_stop_signals(process: Any, ctx: Any) -> None:
+    """``process.start()`` with SIGINT and SIGTERM blocked in this thread, so that the
+    process (and, under forkserver, the server that the first start launches) inherits
+    the block.
+
+    A Ctrl-C in a terminal, or a SIGTERM to the process group, reaches every process of
+    the group. One that landed while a worker or the forkserver started, before it ignored
+    SIGINT, killed it (found by the shake: a forkserver killed while importing its
+    preloads, and no worker could start). A SIGTERM to the group killed the forkserver at
+    any time, and with it the pool's watch over every worker it had started. Blocked, such
+    a signal waits: a worker unblocks both once it ignores SIGINT (``worker_main``), which
+    drops a pending Ctrl-C and lets a SIGTERM end it then; the forkserver never unblocks
+    them, and ends when the parent does. The parent's own signals are unchanged: Python
+    runs handlers in the main thread, whichever thread a signal reaches.
+
+    multiprocessing's resource tracker (which blocks the same two while it starts, for the
+    same reason) unblocks them in the thread that started it, once it has: spawn and
+    forkserver start it at their first start. So the tracker is started first, and the
+    block comes after (checked on 3.11 to 3.15).
+    """
+    if getattr(ctx, "get_start_method", lambda: None)() != "fork":
+        resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def _release_failed_start(exc: BaseException) -> None:
     """Gives back what a ``Process.start()`` that raised still holds.
 
@@ -208,7 +244,7 @@ class WorkerHandle:
                                 fds_to_close=to_close, forked=inherited_fds is not None)
             process = ctx.Process(target=worker_main, args=(setup,), name=name)
             with _compat.std_streams_left_unflushed():  # a blocked stdout must not block us
-                process.start()
+                _start_holding_stop_signals(process, ctx)
         except BaseException as exc:
             _teardown.close_fds(*opened)
             _release_failed_start(exc)

@@ -39,7 +39,7 @@ from typing import Any, Callable
 from multiprocessing import context as _context
 from multiprocessing import reduction
 
-from .. import _exit
+from .. import _exit, _shake
 from .._wire import exceptions as _exceptions, frames as _frames, pickling as _pickling
 from .._wire import pipes as _pipes
 from .streams import drop_inherited_output
@@ -213,6 +213,10 @@ def worker_main(setup: WorkerSetup) -> None:
     # Ctrl-C in a terminal reaches the whole foreground group; the parent decides what a
     # KeyboardInterrupt means, so workers neither die of it nor print a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Started with SIGINT and SIGTERM blocked (``handle._start_holding_stop_signals``):
+    # now that SIGINT is ignored, a Ctrl-C that came during the start is dropped, a SIGTERM
+    # ends the worker now, and what the task starts gets the usual mask.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     signal.signal(DUMP_SIGNAL, signal.SIG_DFL)  # its default action ends the process
     if setup.crash_fd is not None:  # None: the parent could not make one; no stacks then
         faulthandler.enable(file=setup.crash_fd.fd, all_threads=True)
@@ -321,6 +325,8 @@ def _serve(task_fd: int, reply_fd: int, max_tasks: int | None, max_memory: int |
                 _frames.write_frame(reply_fd, Kind.OVER_MEMORY, _current_task_id,
                                   resident.to_bytes(8, "big"))
         room.fit(_frames.size_of(body))
+        if _shake.on:
+            _shake.pause("worker.before_reply")
         _frames.write_frame(reply_fd, kind, _current_task_id, body)
         del body
         completed += 1

@@ -1,0 +1,111 @@
+"""The shake (``tests/shake.py``): a short one on every run of the suite, and each race it
+found, pinned by a test that opens the race on purpose.
+
+The long shake is run by hand (README.rst, "The shake"); these keep its paths working and
+its findings fixed.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import pool
+import shake
+from helpers import REPO_DIR, START_METHODS, communicate_or_kill
+
+
+def test_every_point_in_the_code_is_listed_and_every_listed_point_is_in_the_code():
+    from pool import _shake
+    package = REPO_DIR / "pool"
+    used = set()
+    for source in set(package.rglob("*.py")) - {package / "_shake.py"}:
+        used |= set(re.findall(r'_shake\.pause\("([a-z_.]+)"\)', source.read_text()))
+    assert used == set(_shake.POINTS)
+
+
+def test_a_setting_that_cannot_be_read_fails_loudly():
+    from pool import _shake
+    with pytest.raises(ValueError, match="no point named"):
+        _shake.configure("at=nowhere:1")
+    with pytest.raises(ValueError, match="cannot read"):
+        _shake.configure("seed")
+    _shake.configure("")
+    assert not _shake.on
+
+
+# A Ctrl-C to the terminal's process group reaches every process of the pool. The
+# scenario's main module, imported as ``__mp_main__`` by a process the pool starts (a
+# spawned worker; the forkserver, which imports it before it ignores SIGINT), sends it
+# SIGINT as it is imported: the moment a Ctrl-C is most likely to find it unprotected.
+CTRL_C_WHILE_STARTING = '''
+import os, signal, sys
+if __name__ == "__mp_main__" and os.environ.get("CTRL_C_ONCE") != "done":
+    os.environ["CTRL_C_ONCE"] = "done"   # (the forkserver's workers inherit it)
+    os.kill(os.getpid(), signal.SIGINT)
+if __name__ == "__main__":
+    import multiprocessing
+    import pool
+    context = multiprocessing.get_context(sys.argv[1])
+    with pool.ProcessPool(2, mp_context=context) as p:
+        print(sum(p.map(abs, range(100))), flush=True)
+'''
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_ctrl_c_that_lands_while_a_pool_process_starts_kills_none(method, tmp_path):
+    script = tmp_path / "scenario.py"
+    script.write_text(textwrap.dedent(CTRL_C_WHILE_STARTING))
+    proc = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
+    code, out, err = communicate_or_kill(proc, timeout=60)
+    assert (code, out) == (0, "4950\n"), err
+    assert "KeyboardInterrupt" not in err and "refused to start" not in err, err
+
+
+# A program that handles SIGTERM (to finish cleanly, as ``python -m pool map`` does) gets
+# one sent to its whole process group: it must reach the program, not the pool. The
+# forkserver is in that group (workers lead groups of their own).
+SIGTERM_TO_A_GROUP_THAT_HANDLES_IT = '''
+import multiprocessing, os, signal, sys, threading
+import pool
+from pool import _compat
+if __name__ == "__main__":
+    received = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: received.set())
+    with pool.ProcessPool(2, mp_context=multiprocessing.get_context("forkserver")) as p:
+        assert p.submit(abs, -1).result() == 1
+        server = _compat.forkserver_pid()
+        os.killpg(0, signal.SIGTERM)
+        assert received.wait(30)
+        print(sum(p.map(abs, range(100))), flush=True)
+        print("same forkserver", _compat.forkserver_pid() == server, flush=True)
+'''
+
+
+def test_a_sigterm_to_the_group_of_a_program_that_handles_it_leaves_the_pool_working(
+        tmp_path):
+    script = tmp_path / "scenario.py"
+    script.write_text(textwrap.dedent(SIGTERM_TO_A_GROUP_THAT_HANDLES_IT))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
+                            start_new_session=True)
+    code, out, err = communicate_or_kill(proc, timeout=60)
+    assert (code, out, err) == (0, "4950\nsame forkserver True\n", "")
+
+
+@pytest.mark.parametrize("path", shake.PATHS)
+def test_a_short_shake(path):
+    """Every path, on every start method, with a random signal at a random moment, beside
+    two busy processes per core. (A few runs each: the long shake is the real test.)"""
+    with shake.Busy(2 * 2):
+        outcomes = [shake.run_once(path, method, seed=hash((path, method)) % 10_000)
+                    for method in START_METHODS]
+    failed = [o for o in outcomes if o.problems]
+    assert not failed, "\n".join(f"{o.method} {o.signal}: {o.problems}\n{o.detail}"
+                                 for o in failed)
