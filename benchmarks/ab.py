@@ -96,8 +96,12 @@ def main() -> None:
             order = [args.before, args.after][:: 1 if round_number % 2 == 0 else -1]
             for tree in order:
                 results[tree].append(run_tree(tree, script, args.tasks))
+    import multiprocessing
+    from machine import pipe_ping_pong   # (benchmarks/ is this script's sys.path[0])
+    ping = pipe_ping_pong(multiprocessing.get_context("forkserver"))
     print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, forkserver, 2 workers, "
-          f"{args.rounds} rounds interleaved; median (min-max)")
+          f"{args.rounds} rounds interleaved; median (min-max). The machine, after: "
+          f"multiprocessing.Pipe ping-pong {ping * 1e6:.0f} us")
     print(f"  {'':34}{'before':>26}{'after':>26}  after/before")
     for key in results[args.before][0]:
         cells = []

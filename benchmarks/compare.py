@@ -34,6 +34,7 @@ from typing import Any, Callable
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import pool  # noqa: E402
+from machine import pipe_ping_pong  # noqa: E402
 
 # --- task functions (module level: every worker can import them) --------------------------
 
@@ -154,31 +155,6 @@ def available_adapters() -> list[type[Adapter]]:
 
 
 # --- the machine's limits -----------------------------------------------------------------
-
-def _echo(conn: Any) -> None:
-    while True:
-        message = conn.recv_bytes()
-        if not message:
-            return
-        conn.send_bytes(message)
-
-
-def pipe_ping_pong(ctx: Any, rounds: int = 3000) -> float:
-    """Median round trip (seconds) of a small message over multiprocessing.Pipe."""
-    parent, child = ctx.Pipe()
-    process = ctx.Process(target=_echo, args=(child,))
-    process.start()
-    child.close()
-    times = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        parent.send_bytes(b"x" * 64)
-        parent.recv_bytes()
-        times.append(time.perf_counter() - started)
-    parent.send_bytes(b"")
-    process.join()
-    return statistics.median(times[rounds // 10:])
-
 
 def _write_all(conn: Any, total: int) -> None:
     fd = conn.fileno()  # a Connection, so that every start method passes the descriptor

@@ -32,7 +32,6 @@ import argparse
 import collections
 import dataclasses
 import itertools
-import json
 import os
 import random
 import signal
@@ -141,13 +140,30 @@ with concurrent.futures.ProcessPoolExecutor(2, mp_context=CTX) as p:
     for f in concurrent.futures.as_completed(FUTURES):
         f.result()
 ''',
+    # pool as the executor of a dask worker (``pool.dask``; needs distributed): the worker
+    # in this process, so that the pool's parent is the program the signal reaches.
+    "dask": '''
+from distributed import Client, LocalCluster
+from pool.dask import ProcessPoolPlugin
+with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                  dashboard_address=None) as cluster, Client(cluster) as client:
+    client.register_plugin(ProcessPoolPlugin(max_workers=2,
+                                             start_method=os.environ["SHAKE_METHOD"]))
+    client.submit(abs, -1).result()
+    futures = client.map(tasks.sleep_then, [0.01] * 60, range(60))
+    begin()
+    client.gather(futures)
+''',
 }
 
 # -- the command line's paths -----------------------------------------------------------
 # ``python -m pool map`` between a producer and, for ``map-head``, ``head -n 1``.
 COMMANDS = {
-    # Reading its input: slow inputs, the output read as it comes.
-    "map-read": ("tasks:slow_echo", [], False),
+    # Reading its input: a producer that writes a line every 10 ms, quick inputs.
+    "map-read": ("tasks:identity", [], False),
+    # Slow inputs (50 ms each), the output read as it comes: a signal after the first line
+    # is the scenario of issue 26, once seen still running 20 s after SIGINT.
+    "map-slow": ("tasks:slow_echo", [], False),
     # Blocked writing: fast inputs, and the harness stops reading after the first line.
     "map-write": ("tasks:identity", [], False),
     # Behind ``| head -n 1``.
@@ -156,13 +172,19 @@ COMMANDS = {
     "map-joblog": ("tasks:slow_echo", ["--joblog", "{dir}/joblog"], False),
 }
 
-PATHS = tuple(SCRIPTS) + tuple(COMMANDS)
+# The paths of every face pool has; ``dask`` only where distributed is installed (tox's
+# dask environment runs it).
+PATHS = tuple(path for path in SCRIPTS if path != "dask") + tuple(COMMANDS)
+
+SLOW_PRODUCER = [sys.executable, "-c", "import sys, time\n"
+                 "for i in range(100000): print(i, flush=True); time.sleep(0.01)"]
 
 
 @dataclasses.dataclass
 class Outcome:
     path: str
     method: str
+    seed: int
     signal: str
     ended_first: bool = False               # it had exited before the signal was sent
     seconds_to_exit: float | None = None    # from the signal to its exit
@@ -209,7 +231,7 @@ def _read_line(fd: int, timeout: float, buffer: bytearray) -> bytes | None:
 def run_once(path: str, method: str, seed: int, python: str = sys.executable) -> Outcome:
     rng = random.Random(seed)
     name, signum, to_group = _pick_signal(rng, path)
-    outcome = Outcome(path, method, name)
+    outcome = Outcome(path, method, seed, name)
     with tempfile.TemporaryDirectory(prefix="pool-shake-") as directory:
         procs, main, session, reads = _start(path, method, seed, python, directory)
         buffer = bytearray()
@@ -270,7 +292,8 @@ def _start(path: str, method: str, seed: int, python: str, directory: str
     extra = [arg.format(dir=directory) for arg in extra]
     # The command leads a session of its own (the orphan check looks there); the
     # producer and ``head`` are the harness's, and get the group's signal by hand.
-    producer = subprocess.Popen(["seq", "1", "100000"], stdout=subprocess.PIPE)
+    producer = subprocess.Popen(SLOW_PRODUCER if path == "map-read" else ["seq", "1", "100000"],
+                                stdout=subprocess.PIPE)
     main = subprocess.Popen(
         [python, "-m", "pool", "map", function, "-j", "2", "--start-method", method, *extra],
         stdin=producer.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
@@ -419,7 +442,7 @@ def shake(runs: int, methods: list[str], paths: list[str], seed: int, jobs: int,
                                    plan(runs, methods, paths, seed)):
             outcomes.append(outcome)
             if report and outcome.problems:
-                print(f"FAILED {outcome.path} {outcome.method} {outcome.signal}: "
+                print(f"FAILED {outcome.path}:{outcome.method}:{outcome.seed} {outcome.signal}: "
                       f"{'; '.join(outcome.problems)}\n{textwrap.indent(outcome.detail, '  ')}",
                       flush=True)
             elif report and len(outcomes) % 50 == 0:
@@ -469,13 +492,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--methods", default=",".join(START_METHODS))
-    parser.add_argument("--paths", default=",".join(PATHS))
+    parser.add_argument("--paths", default=",".join(PATHS),
+                        help=f"of {', '.join(PATHS + ('dask',))}")
     parser.add_argument("--seed", type=int, default=int(time.time()))
     parser.add_argument("--jobs", type=int, default=2, help="runs at once")
     parser.add_argument("--busy", type=int, default=2 * (os.cpu_count() or 1),
                         help="spinning processes beside the runs")
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--replay", metavar="PATH:METHOD:SEED",
+                        help="run once more a run that failed (as FAILED names it)")
     args = parser.parse_args()
+    if args.replay:
+        path, method, seed = args.replay.split(":")
+        with Busy(args.busy):
+            outcome = run_once(path, method, int(seed), args.python)
+        print(outcome.problems or "passed", outcome.detail, sep="\n")
+        return 1 if outcome.problems else 0
     methods = args.methods.split(",")
     paths = args.paths.split(",")
     print(f"shake: {args.runs} runs, seed {args.seed}, {args.busy} busy processes, "

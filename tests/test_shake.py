@@ -7,15 +7,14 @@ its findings fixed.
 
 from __future__ import annotations
 
+import random
 import re
-import signal
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-import pool
 import shake
 from helpers import REPO_DIR, START_METHODS, communicate_or_kill
 
@@ -73,7 +72,6 @@ def test_a_ctrl_c_that_lands_while_a_pool_process_starts_kills_none(method, tmp_
 # forkserver is in that group (workers lead groups of their own).
 SIGTERM_TO_A_GROUP_THAT_HANDLES_IT = '''
 import multiprocessing, os, signal, sys, threading
-import pool
 from pool import _compat
 if __name__ == "__main__":
     received = threading.Event()
@@ -104,8 +102,9 @@ def test_a_short_shake(path):
     """Every path, on every start method, with a random signal at a random moment, beside
     two busy processes per core. (A few runs each: the long shake is the real test.)"""
     with shake.Busy(2 * 2):
-        outcomes = [shake.run_once(path, method, seed=hash((path, method)) % 10_000)
+        outcomes = [shake.run_once(path, method, seed=random.randrange(10**9))
                     for method in START_METHODS]
     failed = [o for o in outcomes if o.problems]
-    assert not failed, "\n".join(f"{o.method} {o.signal}: {o.problems}\n{o.detail}"
-                                 for o in failed)
+    assert not failed, "\n".join(
+        f"{o.path}:{o.method}:{o.seed} (python tests/shake.py --replay it) {o.signal}: "
+        f"{o.problems}\n{o.detail}" for o in failed)

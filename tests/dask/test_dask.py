@@ -499,3 +499,17 @@ def test_without_the_plugin_a_pool_in_a_nanny_worker_says_what_to_do(tmp_path):
     """, tmp_path)
     assert "daemonic" in facts["refused"] and "pool.dask.ProcessPoolPlugin" in facts["refused"]
     assert facts["before"] is True and facts["after"] is False
+
+
+def test_a_short_shake_of_pool_dask():
+    """pool.dask joins the shake (tests/shake.py): a dask worker whose executor is pool gets
+    SIGINT, SIGTERM or SIGKILL at a random moment of a gather, on a starved CPU; it exits
+    in time and leaves no process."""
+    import random
+    import shake
+    with shake.Busy(4):
+        outcomes = [shake.run_once("dask", method, seed=random.randrange(10**9))
+                    for method in START_METHODS * 2]
+    failed = [o for o in outcomes if o.problems]
+    assert not failed, "\n".join(f"{o.path}:{o.method}:{o.seed} {o.signal}: {o.problems}\n"
+                                 f"{o.detail}" for o in failed)
