@@ -39,25 +39,44 @@ def _exiting_after_interrupt() -> bool:
 
 
 def _shut_down_all() -> None:
+    """The exit hook, before threads are joined: finish every pool's work (or, after a
+    Ctrl-C, stop it), and reap every worker."""
     global interpreter_exiting
-    interpreter_exiting = True
     if _shake.on:
-        _shake.pause("exit.before_pools")
-    dispatchers = list(_live)
-    interrupted = _exiting_after_interrupt()
-    for dispatcher in dispatchers:
-        try:
+        _shake.pause("exit.hook_entry")
+    interpreter_exiting = True
+    try:
+        if _shake.on:
+            _shake.pause("exit.before_pools")
+        interrupted = _exiting_after_interrupt()
+        for dispatcher in list(_live):
             if interrupted:
                 dispatcher.terminate(signal.SIGTERM, wait=False)
             else:
                 dispatcher.shutdown(wait=False, cancel_futures=False)
             dispatcher.join(callback_timeout=dispatcher.stop_grace)
-        except KeyboardInterrupt:  # Ctrl-C while waiting at exit: stop waiting for tasks
-            for other in dispatchers:
-                other.terminate(signal.SIGTERM, wait=False)
-            for other in dispatchers:
-                other.join(callback_timeout=0)
-            return
+    except KeyboardInterrupt:  # Ctrl-C while waiting at exit: stop waiting for tasks
+        _stop_all_now()
+
+
+def _stop_all_now() -> None:
+    """Cancel what has not started, terminate what runs, and reap every worker, of every
+    pool still live."""
+    dispatchers = list(_live)
+    for dispatcher in dispatchers:
+        dispatcher.terminate(signal.SIGTERM, wait=False)
+    for dispatcher in dispatchers:
+        dispatcher.join(callback_timeout=0)
+
+
+def _stop_what_the_hook_left() -> None:
+    """atexit's, after threading's hooks. A Ctrl-C can land in ``_shut_down_all`` before its
+    ``try``, as any Python function can be interrupted at its first line. threading then
+    prints it as ignored and skips the hook: the pools would be left to the lifelines,
+    their futures never resolved (found by the shake, with a delay there). Once the hook
+    has run, no pool is left live and this does nothing."""
+    if _live:
+        _stop_all_now()
 
 
 def _close_in_child() -> None:
@@ -87,11 +106,13 @@ def shut_down_at_exit(dispatcher: Any) -> None:
     os.register_at_fork(after_in_child=_close_in_child)
     # threading's own exit hooks run before non-daemon threads are joined (the stdlib's
     # executors use them too), so a thread waiting for a result does not hold up the exit.
+    import atexit
     try:
         _compat.register_before_threads_joined(_shut_down_all)
     except RuntimeError:  # too late for threading's hooks: use atexit's
-        import atexit
         atexit.register(_shut_down_all)
+    else:
+        atexit.register(_stop_what_the_hook_left)
 
 
 def forget(dispatcher: Any) -> None:

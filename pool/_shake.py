@@ -40,6 +40,7 @@ POINTS = {
     "latch.between_slices": "a caller waiting on a latch (a result, a join), between slices",
     "future.before_wake": "a future is done, before its waiters are released",
     # Interpreter exit.
+    "exit.hook_entry": "the exit hook's first line, before it guards against Ctrl-C",
     "exit.before_pools": "the exit hook runs, before it ends the pools",
     # The command line (python -m pool map).
     "cli.loop_turn": "the run's main loop, at the top of each turn",

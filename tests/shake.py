@@ -200,10 +200,17 @@ def _environment(method: str, seed: int, rng: random.Random) -> dict[str, str]:
                 PYTHONPATH=str(TESTS_DIR), POOL_SHAKE=f"seed={seed},max={longest},p=0.3")
 
 
+# The signals a run may get (``--signals`` narrows it).
+SIGNALS = ("SIGINT", "SIGTERM", "SIGKILL")
+_signals = set(SIGNALS)
+
+
 def _pick_signal(rng: random.Random, path: str) -> tuple[str, int, bool]:
     """(name, signal, to the whole group): Ctrl-C half the time, else SIGTERM or the
     parent killed."""
     roll = rng.random()
+    while ("SIGINT" if roll < 0.5 else "SIGTERM" if roll < 0.75 else "SIGKILL") not in _signals:
+        roll = rng.random()
     if roll < 0.5:
         return "SIGINT", SIGINT, True
     if roll < 0.75:
@@ -499,6 +506,8 @@ def main() -> int:
     parser.add_argument("--busy", type=int, default=2 * (os.cpu_count() or 1),
                         help="spinning processes beside the runs")
     parser.add_argument("--python", default=sys.executable)
+    parser.add_argument("--signals", default=",".join(SIGNALS),
+                        help="the signals runs may get (default: all three)")
     parser.add_argument("--replay", metavar="PATH:METHOD:SEED",
                         help="run once more a run that failed (as FAILED names it)")
     args = parser.parse_args()
@@ -508,6 +517,7 @@ def main() -> int:
             outcome = run_once(path, method, int(seed), args.python)
         print(outcome.problems or "passed", outcome.detail, sep="\n")
         return 1 if outcome.problems else 0
+    _signals.intersection_update(args.signals.split(","))
     methods = args.methods.split(",")
     paths = args.paths.split(",")
     print(f"shake: {args.runs} runs, seed {args.seed}, {args.busy} busy processes, "

@@ -7,16 +7,20 @@ its findings fixed.
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
 import shake
-from helpers import REPO_DIR, START_METHODS, communicate_or_kill
+from helpers import (REPO_DIR, START_METHODS, communicate_or_kill, session_members,
+                     wait_until)
 
 
 def test_every_point_in_the_code_is_listed_and_every_listed_point_is_in_the_code():
@@ -95,6 +99,50 @@ def test_a_sigterm_to_the_group_of_a_program_that_handles_it_leaves_the_pool_wor
                             start_new_session=True)
     code, out, err = communicate_or_kill(proc, timeout=60)
     assert (code, out, err) == (0, "4950\nsame forkserver True\n", "")
+
+
+# A program that ends with a pool still open, whose tasks would run for a minute: the exit
+# hook waits for them, and a Ctrl-C then stops them. A fixed delay at a point of the hook
+# holds it there until the Ctrl-C lands.
+EXIT_WITH_A_POOL_OPEN = '''
+import atexit, os, sys
+sys.path.insert(0, {tests!r})
+import tasks
+FUTURES = []
+atexit.register(lambda: os.write(1, f"FUTURES {{len(FUTURES)}} "
+                                    f"{{sum(1 for f in FUTURES if not f.done())}}\\n".encode()))
+import pool
+if __name__ == "__main__":
+    p = pool.ProcessPool(2)
+    p.submit(abs, 1).result()   # a worker is up
+    FUTURES.extend(p.submit(tasks.sleep_then, 60, i) for i in range(4))
+    os.write(1, b"BEGIN\\n")
+'''
+
+
+@pytest.mark.parametrize("point", ["exit.hook_entry", "exit.before_pools"])
+def test_a_ctrl_c_at_the_start_of_the_exit_hook_still_stops_every_task(point, tmp_path):
+    """A Ctrl-C before the hook's guard is printed by threading as ignored, and the hook is
+    skipped: atexit's safety net stops the pools. Inside it, the hook stops them itself."""
+    script = tmp_path / "scenario.py"
+    script.write_text(EXIT_WITH_A_POOL_OPEN.format(tests=str(shake.TESTS_DIR)))
+    env = dict(os.environ, POOL_SHAKE=f"at={point}:10")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path), env=env,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "BEGIN\n"
+        time.sleep(1)   # into the hook's delay: it lasts 10 s
+        os.killpg(proc.pid, signal.SIGINT)
+        code, out, err = communicate_or_kill(proc, timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert out == "FUTURES 4 0\n", err
+    assert wait_until(lambda: not session_members(proc.pid), 10), session_members(proc.pid)
+    if point == "exit.before_pools":
+        assert "Exception ignored" not in err, err
 
 
 @pytest.mark.parametrize("path", shake.PATHS)
