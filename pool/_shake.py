@@ -24,9 +24,12 @@ Assumes: only tests set ``POOL_SHAKE``.
 from __future__ import annotations
 
 import os
-import random
 import sys
 import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import random
 
 # Every point, with where it is and what a delay there widens. A point not listed here
 # is a mistake: ``pause`` asserts it, and tests/test_shake.py checks the code against it.
@@ -80,6 +83,7 @@ def _process_rng() -> random.Random:
     global _rng, _rng_pid
     pid = os.getpid()
     if _rng is None or _rng_pid != pid:
+        import random   # only once on: a worker must not pay for the import
         _rng = random.Random(f"{_seed}:{pid}")
         _rng_pid = pid
     return _rng

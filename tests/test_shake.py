@@ -76,6 +76,7 @@ def test_a_ctrl_c_that_lands_while_a_pool_process_starts_kills_none(method, tmp_
 # forkserver is in that group (workers lead groups of their own).
 SIGTERM_TO_A_GROUP_THAT_HANDLES_IT = '''
 import multiprocessing, os, signal, sys, threading
+import pool
 from pool import _compat
 if __name__ == "__main__":
     received = threading.Event()
