@@ -102,7 +102,7 @@ def main() -> None:
     print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, forkserver, 2 workers, "
           f"{args.rounds} rounds interleaved; median (min-max). The machine, after: "
           f"multiprocessing.Pipe ping-pong {ping * 1e6:.0f} us")
-    print(f"  {'':34}{'before':>26}{'after':>26}  after/before")
+    print(f"  {'':34}{'before':>34}{'after':>34}  after/before")
     for key in results[args.before][0]:
         cells = []
         medians = []
@@ -110,7 +110,7 @@ def main() -> None:
             values = [r[key] for r in results[tree]]
             medians.append(statistics.median(values))
             cells.append(f"{medians[-1]:,.1f} ({min(values):,.1f}-{max(values):,.1f})")
-        print(f"  {key:34}{cells[0]:>26}{cells[1]:>26}  {medians[1] / medians[0]:.2f}x")
+        print(f"  {key:34}{cells[0]:>34}{cells[1]:>34}  {medians[1] / medians[0]:.2f}x")
 
 
 if __name__ == "__main__":

@@ -146,13 +146,23 @@ def test_a_ctrl_c_at_the_start_of_the_exit_hook_still_stops_every_task(point, tm
         assert "Exception ignored" not in err, err
 
 
-@pytest.mark.parametrize("path", shake.PATHS)
-def test_a_short_shake(path):
-    """Every path, on every start method, with a random signal at a random moment, beside
-    two busy processes per core. (A few runs each: the long shake is the real test.)"""
+@pytest.fixture(scope="module")
+def short_shake():
+    """Every path on every start method once, with a random signal at a random moment,
+    beside two busy processes per core; three runs at a time. (The long shake is the real
+    test; this keeps every path of it working on every push.)"""
     with shake.Busy(2 * 2):
-        outcomes = [shake.run_once(path, method, seed=random.randrange(10**9))
-                    for method in START_METHODS]
+        outcomes = shake.shake(len(shake.PATHS) * len(START_METHODS), list(START_METHODS),
+                               list(shake.PATHS), seed=random.randrange(10**9), jobs=3,
+                               report=False)
+    return outcomes
+
+
+@pytest.mark.timeout(600)   # the first pays for the whole shake: about 30 s
+@pytest.mark.parametrize("path", shake.PATHS)
+def test_a_short_shake(short_shake, path):
+    outcomes = [o for o in short_shake if o.path == path]
+    assert sorted(o.method for o in outcomes) == sorted(START_METHODS)
     failed = [o for o in outcomes if o.problems]
     assert not failed, "\n".join(
         f"{o.path}:{o.method}:{o.seed} (python tests/shake.py --replay it) {o.signal}: "
