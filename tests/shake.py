@@ -299,8 +299,9 @@ def _start(path: str, method: str, seed: int, python: str, directory: str
     extra = [arg.format(dir=directory) for arg in extra]
     # The command leads a session of its own (the orphan check looks there); the
     # producer and ``head`` are the harness's, and get the group's signal by hand.
+    # (Its own death by a closed pipe or the signal is no news: its stderr is dropped.)
     producer = subprocess.Popen(SLOW_PRODUCER if path == "map-read" else ["seq", "1", "100000"],
-                                stdout=subprocess.PIPE)
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     main = subprocess.Popen(
         [python, "-m", "pool", "map", function, "-j", "2", "--start-method", method, *extra],
         stdin=producer.stdout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
