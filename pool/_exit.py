@@ -10,6 +10,9 @@ Guarantees:
 - at an exit caused by an unhandled ``KeyboardInterrupt``, or when Ctrl-C interrupts that
   wait, nothing more is waited for: queued tasks are cancelled, running ones terminated
   (SIGTERM, then SIGKILL), and every worker reaped;
+- if the exit hook was cut short (a Ctrl-C at its first line, which threading prints as
+  ignored, or another of threading's hooks raised before it), atexit's safety net stops
+  every pool still live, as after a Ctrl-C: it terminates, it does not wait;
 - a child forked from a pool's process (``os.fork``, ``multiprocessing``'s fork) closes its
   copies of the pool's lifeline and task pipes at once, so it cannot keep workers alive; a
   worker the dispatcher itself forks is left alone (it closes what it must itself);
@@ -75,6 +78,8 @@ def _stop_what_the_hook_left() -> None:
     prints it as ignored and skips the hook: the pools would be left to the lifelines,
     their futures never resolved (found by the shake, with a delay there). Once the hook
     has run, no pool is left live and this does nothing."""
+    global interpreter_exiting
+    interpreter_exiting = True   # (the hook may not have got to it): refuse submissions
     if _live:
         _stop_all_now()
 

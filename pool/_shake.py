@@ -6,8 +6,9 @@ Owns: the list of named points (``POINTS``) and the settings read from ``POOL_SH
 Runs in: any thread of any process of pool (the parent, the command line, the workers).
 Guarantees: off unless the environment variable ``POOL_SHAKE`` was set when pool was
 imported. Off, a point costs a module attribute read and a branch: each point is written
-``if _shake.on: _shake.pause("name")``. On, ``pause`` only sleeps: it never raises
-(a malformed setting fails at import, loudly) and takes no lock.
+``if _shake.on: _shake.pause("name")``. On, ``pause`` only sleeps and takes no lock; what
+it raises is what a signal raises in that sleep (a KeyboardInterrupt: the race a delay
+opens), and a malformed setting fails at import, loudly.
 Assumes: only tests set ``POOL_SHAKE``.
 
 ``POOL_SHAKE`` is a comma-separated list of ``key=value``:

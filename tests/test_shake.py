@@ -102,6 +102,41 @@ def test_a_sigterm_to_the_group_of_a_program_that_handles_it_leaves_the_pool_wor
     assert (code, out, err) == (0, "4950\nsame forkserver True\n", "")
 
 
+# A forkserver that pool launched keeps the stop signals blocked for good. What else it
+# forks (a user's Process, the stdlib's executors) must get them back: else terminate()
+# leaves it running, and Ctrl-C never reaches it.
+A_PROCESS_FROM_THE_POOLS_FORKSERVER = '''
+import multiprocessing, time
+import pool
+
+def report_mask_then_wait(queue):
+    with open("/proc/self/status") as status:
+        queue.put(next(line.split()[1] for line in status if line.startswith("SigBlk:")))
+    time.sleep(60)
+
+if __name__ == "__main__":
+    context = multiprocessing.get_context("forkserver")
+    with pool.ProcessPool(1, mp_context=context) as p:
+        p.submit(abs, 1).result()   # the forkserver is pool's
+    queue = context.SimpleQueue()
+    process = context.Process(target=report_mask_then_wait, args=(queue,))
+    process.start()
+    print(int(queue.get(), 16))
+    process.terminate()
+    process.join(30)
+    print(process.exitcode)
+'''
+
+
+def test_what_the_pools_forkserver_forks_for_others_gets_the_stop_signals_back(tmp_path):
+    script = tmp_path / "scenario.py"
+    script.write_text(A_PROCESS_FROM_THE_POOLS_FORKSERVER)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
+    code, out, err = communicate_or_kill(proc, timeout=60)
+    assert (code, out) == (0, f"0\n{-signal.SIGTERM}\n"), err
+
+
 # A program that ends with a pool still open, whose tasks would run for a minute: the exit
 # hook waits for them, and a Ctrl-C then stops them. A fixed delay at a point of the hook
 # holds it there until the Ctrl-C lands.
@@ -110,8 +145,9 @@ import atexit, os, sys
 sys.path.insert(0, {tests!r})
 import tasks
 FUTURES = []
-atexit.register(lambda: os.write(1, f"FUTURES {{len(FUTURES)}} "
-                                    f"{{sum(1 for f in FUTURES if not f.done())}}\\n".encode()))
+if __name__ == "__main__":   # (not in a process that imports it as __mp_main__)
+    atexit.register(lambda: os.write(1, f"FUTURES {{len(FUTURES)}} "
+                                        f"{{sum(1 for f in FUTURES if not f.done())}}\\n".encode()))
 import pool
 if __name__ == "__main__":
     p = pool.ProcessPool(2)
@@ -151,7 +187,7 @@ def short_shake():
     """Every path on every start method once, with a random signal at a random moment,
     beside two busy processes per core; three runs at a time. (The long shake is the real
     test; this keeps every path of it working on every push.)"""
-    with shake.Busy(2 * 2):
+    with shake.Busy(2 * (os.cpu_count() or 1)):
         outcomes = shake.shake(len(shake.PATHS) * len(START_METHODS), list(START_METHODS),
                                list(shake.PATHS), seed=random.randrange(10**9), jobs=3,
                                report=False)

@@ -150,9 +150,9 @@ class Jobs:
                                              report.detail, 1, None, report.pid)
                     self._fail(item, failure, job.attempt, report.start, report.runtime)
         elif isinstance(error, WorkerTerminated) or self.stop_signals:
-            # Stopped, not failed: the run ended it, or a stop signal came. A signal to
-            # the whole process group also kills the forkserver, and every worker then
-            # looks dead.
+            # Stopped, not failed: the run ended it, or a stop signal came, and the
+            # workers may have had it too (a SIGKILL of the group, a worker that was
+            # still starting).
             pass
         else:
             pid = getattr(error, "pid", None)

@@ -30,13 +30,12 @@ import threading
 import traceback
 from typing import Any, Callable, NamedTuple
 
-from multiprocessing import resource_tracker
-
 from .. import _compat
 from .._wire import frames as _frames, limits as _limits, pipes as _pipes
 from . import teardown as _teardown
 from .._wire.frames import Frame, FrameReader, Kind
-from .main import DUMP_SIGNAL, InheritedFd, Initializer, WorkerSetup, worker_main
+from .main import (DUMP_SIGNAL, STOP_SIGNALS, InheritedFd, Initializer, WorkerSetup,
+                   worker_main)
 
 # How long a worker whose sentinel fired may take to become reapable: the sentinel can
 # report the exit a moment before the kernel lets the process be reaped.
@@ -132,34 +131,33 @@ def _check_descriptors_to_start() -> None:
         _teardown.close_fds(*taken)
 
 
-# The signals a terminal or a service manager sends a whole process group to stop it.
-# The parent decides what they mean for the pool, not the pool's own processes.
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+def _start_holding_stop_signals(process: Any, method: str | None) -> None:
+    """``process.start()`` with the stop signals (``STOP_SIGNALS``: SIGINT, SIGTERM,
+    SIGHUP) blocked in this thread, so that the process, and under forkserver the server
+    that the first start launches, inherits the block.
 
+    A Ctrl-C in a terminal, a SIGTERM from a service manager or a terminal's hang-up
+    reaches every process of the program's group. One that landed while a worker or the
+    forkserver started, before it ignored SIGINT, killed it (found by the shake: a
+    forkserver killed while importing its preloads, and no worker could start). A SIGTERM
+    to the group killed the forkserver at any time, and with it the pool's watch over
+    every worker it had started. Blocked, such a signal waits: a worker unblocks them once
+    it ignores SIGINT (``worker_main``), which drops a pending Ctrl-C and lets a SIGTERM
+    end it then; the forkserver never unblocks them, and ends when the parent does. What
+    else that forkserver forks (the stdlib's executors, a user's ``Process``) gets them
+    back as it starts (``main._give_back_stop_signals``). The parent's own signals are
+    unchanged: Python runs handlers in the main thread, whichever thread a signal reaches.
 
-def _start_holding_stop_signals(process: Any, ctx: Any) -> None:
-    """``process.start()`` with SIGINT and SIGTERM blocked in this thread, so that the
-    process (and, under forkserver, the server that the first start launches) inherits
-    the block.
-
-    A Ctrl-C in a terminal, or a SIGTERM to the process group, reaches every process of
-    the group. One that landed while a worker or the forkserver started, before it ignored
-    SIGINT, killed it (found by the shake: a forkserver killed while importing its
-    preloads, and no worker could start). A SIGTERM to the group killed the forkserver at
-    any time, and with it the pool's watch over every worker it had started. Blocked, such
-    a signal waits: a worker unblocks both once it ignores SIGINT (``worker_main``), which
-    drops a pending Ctrl-C and lets a SIGTERM end it then; the forkserver never unblocks
-    them, and ends when the parent does. The parent's own signals are unchanged: Python
-    runs handlers in the main thread, whichever thread a signal reaches.
-
-    multiprocessing's resource tracker (which blocks the same two while it starts, for the
-    same reason) unblocks them in the thread that started it, once it has: spawn and
-    forkserver start it at their first start. So the tracker is started first, and the
-    block comes after (checked on 3.11 to 3.15).
+    A forkserver that would start without pool's worker module among its preloads would
+    not give them back to those others: then nothing is blocked.
     """
-    if getattr(ctx, "get_start_method", lambda: None)() != "fork":
-        resource_tracker.ensure_running()
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    if method != "fork":
+        _compat.start_resource_tracker()   # else it may undo the block (see there)
+    if (method == "forkserver" and _compat.forkserver_pid() is None
+            and "pool._worker.main" not in _compat.forkserver_preload()):
+        process.start()
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         process.start()
     finally:
@@ -217,6 +215,7 @@ class WorkerHandle:
         """Start a worker process. ``inherited_fds`` is None unless the context forks.
         ``on_write_done`` is called (from another thread) when a large frame is written."""
         opened: list[int] = []  # closed again if the start fails midway (EMFILE, EAGAIN)
+        method = getattr(ctx, "get_start_method", lambda: None)()
         try:
             _check_descriptors_to_start()
             task_r, task_w = os.pipe()
@@ -244,7 +243,7 @@ class WorkerHandle:
                                 fds_to_close=to_close, forked=inherited_fds is not None)
             process = ctx.Process(target=worker_main, args=(setup,), name=name)
             with _compat.std_streams_left_unflushed():  # a blocked stdout must not block us
-                _start_holding_stop_signals(process, ctx)
+                _start_holding_stop_signals(process, method)
         except BaseException as exc:
             _teardown.close_fds(*opened)
             _release_failed_start(exc)
@@ -253,7 +252,7 @@ class WorkerHandle:
         os.set_blocking(reply_r, False)
         handle = cls(process, task_w, reply_r, crash_fd, reclaim_fd, on_write_done,
                      no_crash_file)
-        if getattr(ctx, "get_start_method", lambda: None)() == "forkserver":
+        if method == "forkserver":
             handle._forkserver = _compat.forkserver_pid()
         return handle
 

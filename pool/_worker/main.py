@@ -36,14 +36,35 @@ import threading
 from collections import OrderedDict
 from typing import Any, Callable
 
+import multiprocessing
 from multiprocessing import context as _context
 from multiprocessing import reduction
+from multiprocessing import util as _util
 
-from .. import _exit, _shake
+from .. import _compat, _exit, _shake
 from .._wire import exceptions as _exceptions, frames as _frames, pickling as _pickling
 from .._wire import pipes as _pipes
 from .streams import drop_inherited_output
 from .._wire.frames import Kind
+
+# The signals a terminal or a service manager sends a program's whole process group to
+# stop it. Every process pool starts starts with them blocked (see
+# ``handle._start_holding_stop_signals``): the parent decides what they mean.
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
+def _give_back_stop_signals(_: object) -> None:
+    """multiprocessing's after-fork hook, in every process started from a process that
+    imported this module, once its ``Process`` is current. A forkserver that pool
+    launched imported it (it is among its preloads) and keeps the stop signals blocked
+    for good; what it forks for others (the stdlib's executors, a user's ``Process``)
+    gets them back here, as from any other forkserver: else ``terminate()`` could not
+    end it, nor Ctrl-C reach it. A pool worker keeps them blocked until ``worker_main``
+    ignores SIGINT."""
+    if (multiprocessing.get_start_method(allow_none=True) == "forkserver"
+            and _compat.process_target(multiprocessing.current_process()) is not worker_main):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
 
 # The reply pipe of this worker and the id of the task it runs, for tests that must write
 # into that pipe themselves (garbage, or a reply followed by a death).
@@ -213,10 +234,10 @@ def worker_main(setup: WorkerSetup) -> None:
     # Ctrl-C in a terminal reaches the whole foreground group; the parent decides what a
     # KeyboardInterrupt means, so workers neither die of it nor print a traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    # Started with SIGINT and SIGTERM blocked (``handle._start_holding_stop_signals``):
-    # now that SIGINT is ignored, a Ctrl-C that came during the start is dropped, a SIGTERM
-    # ends the worker now, and what the task starts gets the usual mask.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    # Started with the stop signals blocked (``handle._start_holding_stop_signals``): now
+    # that SIGINT is ignored, a Ctrl-C that came during the start is dropped, a SIGTERM or
+    # SIGHUP ends the worker now, and what the task starts gets the usual mask.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     signal.signal(DUMP_SIGNAL, signal.SIG_DFL)  # its default action ends the process
     if setup.crash_fd is not None:  # None: the parent could not make one; no stacks then
         faulthandler.enable(file=setup.crash_fd.fd, all_threads=True)
@@ -396,3 +417,8 @@ def _drop_own_frame(exc: BaseException) -> None:
     tb = exc.__traceback__
     if tb is not None and tb.tb_frame.f_code.co_filename == __file__ and tb.tb_next:
         exc.__traceback__ = tb.tb_next
+
+
+# (Registered in every process that imports this module; it acts only in a forkserver's
+# children: see the function.)
+_util.register_after_fork(_give_back_stop_signals, _give_back_stop_signals)

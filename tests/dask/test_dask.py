@@ -501,13 +501,14 @@ def test_without_the_plugin_a_pool_in_a_nanny_worker_says_what_to_do(tmp_path):
     assert facts["before"] is True and facts["after"] is False
 
 
+@pytest.mark.timeout(600)   # six runs, each up to its exit bound and orphan bound
 def test_a_short_shake_of_pool_dask():
     """pool.dask joins the shake (tests/shake.py): a dask worker whose executor is pool gets
     SIGINT, SIGTERM or SIGKILL at a random moment of a gather, on a starved CPU; it exits
     in time and leaves no process."""
     import random
     import shake
-    with shake.Busy(4):
+    with shake.Busy(2 * (os.cpu_count() or 1)):
         outcomes = [shake.run_once("dask", method, seed=random.randrange(10**9))
                     for method in START_METHODS * 2]
     failed = [o for o in outcomes if o.problems]
