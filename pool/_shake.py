@@ -19,7 +19,9 @@ Assumes: only tests set ``POOL_SHAKE``.
 - ``switch=SECONDS`` (default 1e-5 once ``seed`` is set): ``sys.setswitchinterval``, so that
   threads change hands far more often than every 5 ms;
 - ``at=NAME:SECONDS`` (repeatable, joined by ``+``): always pause that long at that point,
-  and nowhere else unless ``seed`` is set too. This is how a test opens one race on purpose.
+  and nowhere else unless ``seed`` is set too. This is how a test opens one race on purpose;
+- ``tell=1``: write ``pool shake: at NAME`` to standard error as such a fixed pause begins,
+  so that the test acts while the race is open, not after a sleep and a hope.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ _random_delays = False
 _max_seconds = 0.005
 _chance = 0.3
 _fixed: dict[str, float] = {}
+_tell = False
 _rng: random.Random | None = None
 _seed = 0
 _rng_pid = 0
@@ -71,6 +74,8 @@ def pause(name: str) -> None:
     with the set chance."""
     assert name in POINTS, f"pool._shake: unknown point {name!r}"
     delay = _fixed.get(name)
+    if delay is not None and _tell:
+        os.write(2, f"pool shake: at {name}\n".encode())
     if delay is None and _random_delays:
         rng = _process_rng()
         if rng.random() < _chance:
@@ -93,8 +98,8 @@ def _process_rng() -> random.Random:
 def configure(setting: str) -> None:
     """Applies a ``POOL_SHAKE`` setting (see the module's docstring); an empty one turns
     every point off."""
-    global on, _random_delays, _max_seconds, _chance, _seed, _rng
-    fields = dict.fromkeys(("seed", "max", "p", "switch", "at"), "")
+    global on, _random_delays, _max_seconds, _chance, _seed, _rng, _tell
+    fields = dict.fromkeys(("seed", "max", "p", "switch", "at", "tell"), "")
     for part in filter(None, setting.split(",")):
         key, sep, value = part.partition("=")
         if not sep or key not in fields:
@@ -113,6 +118,7 @@ def configure(setting: str) -> None:
     _rng = None
     _max_seconds = float(fields["max"] or 0.005)
     _chance = float(fields["p"] or 0.3)
+    _tell = fields["tell"] not in ("", "0")
     switch = fields["switch"] or ("1e-5" if _random_delays else "")
     if switch:
         sys.setswitchinterval(float(switch))

@@ -34,6 +34,7 @@ import dataclasses
 import itertools
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -46,6 +47,8 @@ from typing import Iterator
 TESTS_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS_DIR))
 from helpers import START_METHODS, session_members  # noqa: E402
+from shake_paths import (COMMANDS, PATHS, PRELUDE, SCRIPTS,  # noqa: E402
+                         SLOW_PRODUCER)
 
 EXIT_BOUND = 20.0     # seconds from the signal to the run's exit: longer is a hang
 ORPHAN_BOUND = 10.0   # seconds from the exit until every process of the run is gone
@@ -53,142 +56,10 @@ START_BOUND = 90.0    # seconds until the path begins (a start under heavy load 
 
 SIGINT, SIGTERM, SIGKILL = signal.SIGINT, signal.SIGTERM, signal.SIGKILL
 
-# -- the Python paths -------------------------------------------------------------------
-# Every script starts with this. The check of the futures is registered before pool is
-# imported, so it runs after pool's own exit hook (atexit runs its functions last in,
-# first out; pool's runs before threads are joined, earlier still).
-PRELUDE = '''
-import asyncio, atexit, multiprocessing, os, random, sys, time
-sys.path[:0] = [{tests!r}]
-import tasks
-FUTURES = []
-def _check_futures():
-    pending = sum(1 for f in FUTURES if not f.done())
-    os.write(1, f"FUTURES {{len(FUTURES)}} {{pending}}\\n".encode())
-if __name__ == "__main__":   # (not in a process that imports it as __mp_main__)
-    atexit.register(_check_futures)
-import pool
-CTX = multiprocessing.get_context(os.environ["SHAKE_METHOD"])
-# Every path ends with a task this long: far past the exit bound, so that a signal the
-# program lost shows as a hang, not as a program that finished.
-LONG = 600
-def begin():
-    os.write(1, b"BEGIN\\n")
-'''
-
-SCRIPTS = {
-    "submit": '''
-p = pool.ProcessPool(2, mp_context=CTX)
-p.submit(abs, 0).result()
-begin()
-for i in range(3000):
-    FUTURES.append(p.submit(abs, -i))
-FUTURES.append(p.submit(tasks.sleep_then, LONG))
-for f in FUTURES:
-    f.result()
-p.shutdown()
-''',
-    "result": '''
-with pool.ProcessPool(2, mp_context=CTX) as p:
-    FUTURES.extend(p.submit(tasks.sleep_then, 0.01, i) for i in range(60))
-    FUTURES.append(p.submit(tasks.sleep_then, LONG))
-    begin()
-    for f in FUTURES:
-        f.result()
-''',
-    "map": '''
-with pool.ProcessPool(2, mp_context=CTX) as p:
-    p.submit(abs, 0).result()
-    begin()
-    for _ in p.map(tasks.sleep_then, [0.01] * 60 + [LONG]):
-        pass
-''',
-    "shutdown": '''
-p = pool.ProcessPool(2, mp_context=CTX)
-FUTURES.extend(p.submit(tasks.sleep_then, 0.01, i) for i in range(60))
-FUTURES.append(p.submit(tasks.sleep_then, LONG))
-begin()
-p.shutdown(wait=True)
-''',
-    "with-exit": '''
-with pool.ProcessPool(2, mp_context=CTX) as p:
-    FUTURES.extend(p.submit(tasks.sleep_then, 0.01, i) for i in range(60))
-    FUTURES.append(p.submit(tasks.sleep_then, LONG))
-    begin()
-''',
-    "interpreter-exit": '''
-p = pool.ProcessPool(2, mp_context=CTX)   # never shut down: the exit hook does it
-FUTURES.extend(p.submit(tasks.sleep_then, 0.01, i) for i in range(60))
-FUTURES.append(p.submit(tasks.sleep_then, LONG))
-begin()
-''',
-    "asyncio-cancel": '''
-async def main():
-    async with pool.ProcessPool(2, mp_context=CTX) as p:
-        async def one(i):
-            future = p.submit(tasks.sleep_then, 0.02, i)
-            FUTURES.append(future)
-            return await asyncio.wrap_future(future)
-        running = [asyncio.ensure_future(one(i)) for i in range(40)]
-        running.append(asyncio.ensure_future(p.run(tasks.sleep_then, LONG)))
-        begin()
-        await asyncio.sleep(random.random() * 0.3)
-        for task in running[::3]:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
-asyncio.run(main())
-''',
-    # A program written for the stdlib's executor, run by ``python -m pool run``.
-    "pool-run": '''
-import concurrent.futures
-with concurrent.futures.ProcessPoolExecutor(2, mp_context=CTX) as p:
-    if not type(p).__module__.startswith("pool"):
-        sys.exit(f"not swapped: {type(p)}")
-    FUTURES.extend(p.submit(tasks.sleep_then, 0.01, i) for i in range(60))
-    FUTURES.append(p.submit(tasks.sleep_then, LONG))
-    begin()
-    for f in concurrent.futures.as_completed(FUTURES):
-        f.result()
-''',
-    # pool as the executor of a dask worker (``pool.dask``; needs distributed): the worker
-    # in this process, so that the pool's parent is the program the signal reaches.
-    "dask": '''
-from distributed import Client, LocalCluster
-from pool.dask import ProcessPoolPlugin
-with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
-                  dashboard_address=None) as cluster, Client(cluster) as client:
-    client.register_plugin(ProcessPoolPlugin(max_workers=2,
-                                             start_method=os.environ["SHAKE_METHOD"]))
-    client.submit(abs, -1).result()
-    futures = client.map(tasks.sleep_then, [0.01] * 60 + [LONG], range(61))
-    begin()
-    client.gather(futures)
-''',
-}
-
-# -- the command line's paths -----------------------------------------------------------
-# ``python -m pool map`` between a producer and, for ``map-head``, ``head -n 1``.
-COMMANDS = {
-    # Reading its input: a producer that writes a line every 10 ms, quick inputs.
-    "map-read": ("tasks:identity", [], False),
-    # Slow inputs (50 ms each), the output read as it comes: a signal after the first line
-    # is the scenario of issue 26, once seen still running 20 s after SIGINT.
-    "map-slow": ("tasks:slow_echo", [], False),
-    # Blocked writing: fast inputs, and the harness stops reading after the first line.
-    "map-write": ("tasks:identity", [], False),
-    # Behind ``| head -n 1``.
-    "map-head": ("tasks:slow_echo", [], True),
-    # With a job log, which must stay well-formed whatever ends the run.
-    "map-joblog": ("tasks:slow_echo", ["--joblog", "{dir}/joblog"], False),
-}
-
-# The paths of every face pool has; ``dask`` only where distributed is installed (tox's
-# dask environment runs it).
-PATHS = tuple(path for path in SCRIPTS if path != "dask") + tuple(COMMANDS)
-
-SLOW_PRODUCER = [sys.executable, "-c", "import sys, time\n"
-                 "for i in range(100000): print(i, flush=True); time.sleep(0.01)"]
-
+# How threading reports an exception that ended one of its exit hooks: a Ctrl-C at the
+# first line of pool's, which pool's atexit safety net then answers (3.11 to 3.13, 3.14).
+THREADING_IGNORED_IT = re.compile(
+    r"^Exception ignored (in: <module 'threading'|on threading shutdown)", re.M)
 
 @dataclasses.dataclass
 class Outcome:
@@ -404,7 +275,7 @@ def _check(path: str, signum: int, status: int | None, out: str, err: str,
         err_lines = err.splitlines()
         bad = [line for number, line in enumerate(err_lines)
                if ("Exception ignored" in line
-                   and not (line.startswith("Exception ignored in: <module 'threading'")
+                   and not (THREADING_IGNORED_IT.match(line)
                             and "KeyboardInterrupt" in "".join(err_lines[number:])))
                or "Fatal Python error" in line or "internal error" in line.lower()]
         if bad:
