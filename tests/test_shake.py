@@ -136,6 +136,35 @@ def test_what_the_pools_forkserver_forks_for_others_gets_the_stop_signals_back(t
     assert (code, out) == (0, f"0\n{-signal.SIGTERM}\n"), err
 
 
+# A worker whose parent is gone as it starts: its reply pipe has no reader. Its lifeline
+# is held open here, so that it is the reply pipe it finds closed, not the lifeline.
+A_WORKER_WITH_NO_ONE_TO_REPLY_TO = '''
+import multiprocessing, os
+from pool._worker.main import InheritedFd, WorkerSetup, worker_main
+if __name__ == "__main__":
+    task_r, task_w = os.pipe()
+    reply_r, reply_w = os.pipe()
+    lifeline_r, lifeline_w = os.pipe()
+    os.close(reply_r)
+    setup = WorkerSetup(task_fd=InheritedFd(task_r), reply_fd=InheritedFd(reply_w),
+                        lifeline_fd=InheritedFd(lifeline_r), crash_fd=None, initializer=None,
+                        max_tasks=None, max_memory=None, fds_to_close=(), forked=True)
+    worker = multiprocessing.get_context("fork").Process(target=worker_main, args=(setup,))
+    worker.start()
+    worker.join(30)
+    print(worker.exitcode)
+'''
+
+
+def test_a_worker_whose_parent_is_gone_as_it_starts_exits_without_a_word(tmp_path):
+    script = tmp_path / "scenario.py"
+    script.write_text(A_WORKER_WITH_NO_ONE_TO_REPLY_TO)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
+    code, out, err = communicate_or_kill(proc, timeout=60)
+    assert (code, out, err) == (0, "0\n", "")
+
+
 # A program that ends with a pool still open, whose last task would run for ten minutes:
 # the exit hook waits for it, and a Ctrl-C then stops it. A fixed delay at a point of the
 # hook holds it there; the test sends the Ctrl-C once the hook says it is there.

@@ -248,13 +248,16 @@ def worker_main(setup: WorkerSetup) -> None:
     threading.Thread(target=_watch_parent, name="pool-worker-watchdog", daemon=True,
                      args=(setup.lifeline_fd.fd,)).start()
 
-    if setup.initializer is not None and not _run_initializer(setup.initializer, reply_fd):
-        sys.exit(3)
-    _frames.write_frame(reply_fd, Kind.READY, 0)
     try:
+        if setup.initializer is not None and not _run_initializer(setup.initializer, reply_fd):
+            sys.exit(3)
+        _frames.write_frame(reply_fd, Kind.READY, 0)
         _serve(task_fd, reply_fd, setup.max_tasks, setup.max_memory)
     except BrokenPipeError:
-        pass  # the parent closed our reply pipe: it is gone or giving up on us
+        # The parent closed our reply pipe: it is gone or giving up on us. Even as the
+        # worker starts (found by the shake: a parent SIGKILLed while a spawned worker
+        # started, whose READY then printed a traceback into the program's stderr).
+        pass
     finally:
         faulthandler.disable()
 
