@@ -133,13 +133,16 @@ def run_once(path: str, method: str, seed: int, python: str = sys.executable) ->
             outcome.ended_first = main.poll() is not None
             if not outcome.ended_first:   # (else its pid may be another's by now)
                 if to_group:   # Ctrl-C: the whole pipeline gets it
-                    for proc in procs:
-                        if proc is not main:
-                            proc.send_signal(signum)
+                    # The program first: were the producer first, this thread could be
+                    # switched out between the two, and the program could read to the end
+                    # of its input, finish and exit 0 before its signal came.
                     try:
                         os.killpg(session, signum)
                     except ProcessLookupError:
                         pass
+                    for proc in procs:
+                        if proc is not main:
+                            proc.send_signal(signum)
                 else:
                     main.send_signal(signum)
             # (map-write: the harness reads no more, so the command is blocked writing.)
