@@ -45,9 +45,14 @@ def _shut_down_all() -> None:
     """The exit hook, before threads are joined: finish every pool's work (or, after a
     Ctrl-C, stop it), and reap every worker."""
     global interpreter_exiting
+    interpreter_exiting = True
+    if not _live:
+        # Every pool has ended already (the command line ends its own): nothing to do,
+        # and no first line for a late Ctrl-C to interrupt (found by the shake: one that
+        # landed in an ended command line's exit was printed as ignored by threading).
+        return
     if _shake.on:
         _shake.pause("exit.hook_entry")
-    interpreter_exiting = True
     try:
         if _shake.on:
             _shake.pause("exit.before_pools")
