@@ -22,6 +22,17 @@ from helpers import (REPO_DIR, START_METHODS, communicate_or_kill, session_membe
                      wait_until)
 
 
+def run_to_the_end(text, tmp_path, *args, new_session=False):
+    """Runs ``text`` as a script in a child interpreter (under a hard timeout); returns its
+    status, stdout and stderr."""
+    script = tmp_path / "scenario.py"
+    script.write_text(textwrap.dedent(text))
+    proc = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
+                            start_new_session=new_session)
+    return communicate_or_kill(proc, timeout=60)
+
+
 def test_every_point_in_the_code_is_listed_and_every_listed_point_is_in_the_code():
     from pool import _shake
     package = REPO_DIR / "pool"
@@ -61,11 +72,7 @@ if __name__ == "__main__":
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_a_ctrl_c_that_lands_while_a_pool_process_starts_kills_none(method, tmp_path):
-    script = tmp_path / "scenario.py"
-    script.write_text(textwrap.dedent(CTRL_C_WHILE_STARTING))
-    proc = subprocess.Popen([sys.executable, str(script), method], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
-    code, out, err = communicate_or_kill(proc, timeout=60)
+    code, out, err = run_to_the_end(CTRL_C_WHILE_STARTING, tmp_path, method)
     assert (code, out) == (0, "4950\n"), err
     assert "KeyboardInterrupt" not in err and "refused to start" not in err, err
 
@@ -92,12 +99,7 @@ if __name__ == "__main__":
 
 def test_a_sigterm_to_the_group_of_a_program_that_handles_it_leaves_the_pool_working(
         tmp_path):
-    script = tmp_path / "scenario.py"
-    script.write_text(textwrap.dedent(SIGTERM_TO_A_GROUP_THAT_HANDLES_IT))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
-                            start_new_session=True)
-    code, out, err = communicate_or_kill(proc, timeout=60)
+    code, out, err = run_to_the_end(SIGTERM_TO_A_GROUP_THAT_HANDLES_IT, tmp_path, new_session=True)
     assert (code, out, err) == (0, "4950\nsame forkserver True\n", "")
 
 
@@ -128,11 +130,7 @@ if __name__ == "__main__":
 
 
 def test_what_the_pools_forkserver_forks_for_others_gets_the_stop_signals_back(tmp_path):
-    script = tmp_path / "scenario.py"
-    script.write_text(A_PROCESS_FROM_THE_POOLS_FORKSERVER)
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
-    code, out, err = communicate_or_kill(proc, timeout=60)
+    code, out, err = run_to_the_end(A_PROCESS_FROM_THE_POOLS_FORKSERVER, tmp_path)
     assert (code, out) == (0, f"0\n{-signal.SIGTERM}\n"), err
 
 
@@ -157,11 +155,7 @@ if __name__ == "__main__":
 
 
 def test_a_worker_whose_parent_is_gone_as_it_starts_exits_without_a_word(tmp_path):
-    script = tmp_path / "scenario.py"
-    script.write_text(A_WORKER_WITH_NO_ONE_TO_REPLY_TO)
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path))
-    code, out, err = communicate_or_kill(proc, timeout=60)
+    code, out, err = run_to_the_end(A_WORKER_WITH_NO_ONE_TO_REPLY_TO, tmp_path)
     assert (code, out, err) == (0, "0\n", "")
 
 
