@@ -154,7 +154,7 @@ def _start_holding_stop_signals(process: Any, method: str | None) -> None:
     if method != "fork":
         _compat.start_resource_tracker()   # else it may undo the block (see there)
     if (method == "forkserver" and _compat.forkserver_pid() is None
-            and "pool._worker.main" not in _compat.forkserver_preload()):
+            and worker_main.__module__ not in _compat.forkserver_preload()):
         process.start()
         return
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
