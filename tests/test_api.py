@@ -93,7 +93,7 @@ def test_every_public_name_loads_on_first_use_and_is_listed():
 
 def test_version_is_the_installed_distributions():
     from importlib import metadata
-    assert pool.__version__ == metadata.version("pool")
+    assert pool.__version__ == metadata.version("sturdypool")
 
 
 def test_public_classes_show_and_pickle_as_pool_names():

@@ -3,7 +3,7 @@
 Each scenario runs in a child interpreter of its own, in a session of its own, under a hard
 timeout; after it ends the test checks that no process of that session is left (nanny,
 dask worker, pool workers, forkserver). Tasks and script meet through files, not sleeps.
-Run by tox's ``dask`` environment (``pip install pool[dask]``), not the core matrix.
+Run by tox's ``dask`` environment (``pip install sturdypool[dask]``), not the core matrix.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 
 from helpers import REPO_DIR, START_METHODS, session_members, wait_until
 
-pytest.importorskip("distributed", reason="pool.dask's tests need pip install pool[dask]")
+pytest.importorskip("distributed", reason="pool.dask's tests need pip install sturdypool[dask]")
 
 HERE = Path(__file__).resolve().parent
 PRELUDE = (HERE / "dask_scenario.py").read_text()
