@@ -127,6 +127,25 @@ def done_future_cancelled(future: Future[Any]) -> bool:
     return future._state in (states.cancelled, states.cancelled_and_notified)
 
 
+def death_cause(pid: int, exitcode: int | None) -> BaseException | None:
+    """What the stdlib gives a ``BrokenProcessPool`` as ``__cause__`` when a worker died,
+    from 3.15 on (gh-139462): a ``concurrent.futures.process._RemoteTraceback`` whose text
+    names the process and its exit code (negative for a signal, as ``Process.exitcode``).
+    Code written for 3.15 may read it, so ``WorkerDied`` has it there too; before 3.15
+    the stdlib sets none, and neither does pool. None where the class is missing.
+
+    Checked on 3.11, 3.12, 3.13, 3.14 (the class exists, unused for deaths), 3.15."""
+    if sys.version_info < (3, 15):
+        return None
+    from concurrent.futures import process
+    remote_traceback = getattr(process, "_RemoteTraceback", None)
+    if remote_traceback is None:
+        return None
+    cause: BaseException = remote_traceback(
+        f"\n'''\nProcess {pid} terminated abruptly with exit code {exitcode}'''")
+    return cause
+
+
 # -- multiprocessing ------------------------------------------------------------------------
 
 def process_target(process: Any) -> Any:

@@ -26,13 +26,15 @@ import queue
 import threading
 from concurrent import futures
 from concurrent.futures import Future
-from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar, Union
+from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar, Union, cast
 
 from . import _compat
 from ._futures import PoolFuture
 from ._latch import Latch
 
-T = TypeVar("T")
+# The future type given is the one yielded: pool futures come back as PoolFuture, with
+# stop() and the rest of their API in a type checker's view.
+F = TypeVar("F", bound="Future[Any]")
 
 logger = logging.getLogger("pool")
 
@@ -146,26 +148,29 @@ class Progress:
                 self._hurry.wait(UPDATE_SECONDS)
 
 
-def as_completed(fs: Iterable[Future[T]], timeout: float | None = None, *,
-                 progress: ProgressTarget | None = None) -> Iterator[Future[T]]:
+def as_completed(fs: Iterable[F], timeout: float | None = None, *,
+                 progress: ProgressTarget | None = None) -> Iterator[F]:
     """``concurrent.futures.as_completed``, which also tells ``progress`` as each future
     finishes. ``progress`` is an object with ``update(n)``, or a callable taking ``n``. It
     gets ``update(1)`` per future, on a thread of its own; cancelled futures are not
-    counted. Works with any ``concurrent.futures`` futures, not only the pool's."""
+    counted. Works with any ``concurrent.futures`` futures, not only the pool's; each
+    future yielded is one of ``fs``, with its own type (``PoolFuture`` for a pool's)."""
     if progress is None:
-        return futures.as_completed(fs, timeout)
+        # The stdlib's is typed as yielding Future; it yields the very objects given.
+        return cast("Iterator[F]", futures.as_completed(fs, timeout))
     reporter = Progress(progress)  # a bad progress object fails here, at the call
-    return _reporting(futures.as_completed(_tracked(fs, reporter), timeout), reporter)
+    return _reporting(cast("Iterator[F]", futures.as_completed(_tracked(fs, reporter), timeout)),
+                      reporter)
 
 
-def _tracked(fs: Iterable[Future[T]], reporter: Progress) -> set[Future[T]]:
+def _tracked(fs: Iterable[F], reporter: Progress) -> set[F]:
     unique = set(fs)
     for future in unique:
         reporter.track(future, 1)
     return unique
 
 
-def _reporting(done: Iterator[Future[T]], reporter: Progress) -> Iterator[Future[T]]:
+def _reporting(done: Iterator[F], reporter: Progress) -> Iterator[F]:
     complete = False
     try:
         yield from done

@@ -36,7 +36,7 @@ class Difference:
     reason: str
     outcomes: frozenset[str] = FAILS
     start_methods: frozenset[str] = START_METHODS
-    pythons: frozenset[str] | None = None  # "3.13", "3.14"; None: every version
+    pythons: frozenset[str] | None = None  # "3.13", "3.14", "3.15"; None: every version
 
     def applies(self, start_method: str, python: str) -> bool:
         return (start_method in self.start_methods
@@ -71,7 +71,7 @@ DIFFERENCES: dict[str, Difference | tuple[Difference, ...]] = {
     "ProcessPoolExecutorTest.test_broken_process_pool_traceback":
         hangs("README 1: only the killed worker's task fails; the other two wait for an event"
               " the test never sets, as they would on a pool that is not broken",
-              pythons=("3.14",)),
+              pythons=("3.14", "3.15")),
     # README 2: max_tasks_per_child.
     "ProcessPoolExecutorTest.test_max_tasks_per_child":
         fails("README 2: max_tasks_per_child works with fork (no ValueError)",
@@ -95,10 +95,10 @@ DIFFERENCES: dict[str, Difference | tuple[Difference, ...]] = {
     # README 14: a dropped pool finishes what was submitted.
     "ProcessPoolExecutorTest.test_gc_during_max_tasks_worker_exit_gh152967":
         fails("README 14: a garbage-collected pool still runs the tasks already submitted (3.14"
-              " fails them, 'garbage collected')", methods=SPAWNING, pythons=("3.14",)),
+              " fails them, 'garbage collected')", methods=SPAWNING, pythons=("3.14", "3.15")),
     "ProcessPoolExecutorTest.test_shutdown_no_wait_max_tasks_gh119592":
         fails("README 14: a garbage-collected pool still runs the tasks already submitted (3.14"
-              " fails them, 'garbage collected')", methods=SPAWNING, pythons=("3.14",)),
+              " fails them, 'garbage collected')", methods=SPAWNING, pythons=("3.14", "3.15")),
     # README 15: the stdlib's internals, which these tests reach into, do not exist.
     "ProcessPoolShutdownTest.test_del_shutdown":
         fails("README 15: no executor._call_queue"),
@@ -115,21 +115,21 @@ DIFFERENCES: dict[str, Difference | tuple[Difference, ...]] = {
               " tuple", methods=SPAWNING),
     "ProcessPoolExecutorTest.test_terminate_workers":
         fails("README 15: mocks executor._force_shutdown(operation=_TERMINATE)",
-              pythons=("3.14",)),
+              pythons=("3.14", "3.15")),
     "ProcessPoolExecutorTest.test_kill_workers":
-        fails("README 15: mocks executor._force_shutdown(operation=_KILL)", pythons=("3.14",)),
+        fails("README 15: mocks executor._force_shutdown(operation=_KILL)", pythons=("3.14", "3.15")),
     "ProcessPoolExecutorTest.test_force_shutdown_workers_invalid_op":
-        fails("README 15: calls executor._force_shutdown", pythons=("3.14",)),
+        fails("README 15: calls executor._force_shutdown", pythons=("3.14", "3.15")),
     "ProcessPoolExecutorTest.test_force_shutdown_workers":
         fails("README 15: expects terminate()/kill() on the Process objects (mocked); pool"
-              " signals each worker's process group itself", pythons=("3.14",)),
+              " signals each worker's process group itself", pythons=("3.14", "3.15")),
     "ProcessPoolExecutorTest.test_force_shutdown_during_max_tasks_worker_exit":
         fails("README 15: sets executor._force_shutting_down under executor._shutdown_lock",
-              methods=SPAWNING, pythons=("3.14",)),
+              methods=SPAWNING, pythons=("3.14", "3.15")),
     "ProcessPoolExecutorTest.test_failed_worker_replacement_breaks_pool":
         fails("README 15 and 3: patches concurrent.futures.process._spawn_worker, which pool"
               " does not use (its own start failures: InitializerError after 3 tries)",
-              methods=SPAWNING, pythons=("3.14",)),
+              methods=SPAWNING, pythons=("3.14", "3.15")),
 }
 
 

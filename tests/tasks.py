@@ -546,3 +546,7 @@ def slow_echo(x):
     """An input of ``python -m pool map`` that takes a while (the shake's)."""
     time.sleep(0.05)
     return x
+
+
+def open_file(path):
+    return open(path)  # noqa: SIM115 (returned on purpose: it cannot travel)

@@ -43,6 +43,8 @@ def test_every_private_name_is_there():
     for name in ("parent_r", "child_w", "child_r", "parent_w"):
         assert name in launch, name
     assert "_inheriting = True" in inspect.getsource(spawn)  # starting_as_spawned_worker
+    from concurrent.futures import process as futures_process
+    assert issubclass(futures_process._RemoteTraceback, Exception)  # death_cause
 
 
 def test_starting_as_spawned_worker_is_true_only_while_a_worker_imports_the_main(tmp_path):

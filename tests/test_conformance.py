@@ -350,6 +350,39 @@ def test_unpicklable_argument_fails_its_future_not_submit():
         assert p.submit(tasks.square, 3).result(timeout=30) == 9  # and the pool is fine
 
 
+def test_an_open_file_is_refused_as_the_stdlib_refuses_it_not_sent_as_a_copy(ctx, tmp_path):
+    # cloudpickle, pool's by-value pickler, would send a StringIO of what is left to read.
+    path = tmp_path / "text"
+    path.write_text("hello")
+    refused = "cannot pickle '_io.TextIOWrapper' object"
+    with pool.ProcessPool(1, mp_context=ctx) as p, open(path) as f:
+        as_argument = p.submit(tasks.identity, f).exception(timeout=30)
+        assert isinstance(as_argument, TypeError) and refused in str(as_argument), as_argument
+        in_closure = p.submit(lambda: f.read()).exception(timeout=30)
+        assert isinstance(in_closure, TypeError) and refused in str(in_closure), in_closure
+        returned = p.submit(tasks.open_file, str(path)).exception(timeout=30)
+        assert isinstance(returned, TypeError) and refused in str(returned), returned
+        assert p.submit(tasks.square, 3).result(timeout=30) == 9
+
+
+def test_a_socket_is_refused_naming_the_argument(ctx):
+    # A documented difference: the stdlib duplicates a socket into the worker through
+    # multiprocessing's resource sharer; pool refuses it at the call (README's differences).
+    import socket
+    with pool.ProcessPool(1, mp_context=ctx) as p, socket.socket() as sock:
+        error = p.submit(tasks.identity, sock).exception(timeout=30)
+        assert isinstance(error, pool.ArgumentPicklingError) and isinstance(error, TypeError)
+        assert "argument 0" in str(error) and "cannot pickle 'socket' object" in str(error)
+
+
+def test_submitting_what_is_not_callable_raises_at_the_call():
+    # A documented difference: the stdlib returns a future that fails with TypeError.
+    with pool.ProcessPool(1) as p:
+        with pytest.raises(TypeError, match="42 is not callable"):
+            p.submit(42)
+        assert p.submit(tasks.square, 3).result(timeout=30) == 9
+
+
 def test_a_reducer_raising_systemexit_fails_the_future_and_keyboardinterrupt_propagates():
     class Raises:
         def __init__(self, error):

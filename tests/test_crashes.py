@@ -8,6 +8,8 @@ its neighbours were unaffected.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from helpers import START_METHODS, process_exists, run_script
@@ -136,6 +138,14 @@ def test_a_death_fails_only_its_task_with_an_explanation(table, method, stage, e
         assert outcome["crash_report"] is None
     else:
         assert "exit code 3" in outcome["text"]
+    # As the stdlib's BrokenProcessPool from 3.15 on (gh-139462): a _RemoteTraceback cause
+    # naming the process and its exit code (negative for a signal, as Process.exitcode).
+    if sys.version_info >= (3, 15):
+        assert outcome["cause"]["type"] == "_RemoteTraceback", outcome.get("cause")
+        assert (f"Process {outcome['pid']} terminated abruptly with exit code "
+                f"{outcome['exitcode']}") in outcome["cause"]["text"]
+    else:
+        assert "cause" not in outcome, outcome["cause"]
 
 
 @pytest.mark.parametrize("method", START_METHODS)

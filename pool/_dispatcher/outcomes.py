@@ -17,6 +17,7 @@ import logging
 import traceback
 from typing import Any
 
+from .._compat import death_cause
 from .._core.actions import Fail, FailCause
 from .._errors import (InitializerError, TaskInfo, TaskTimeout, WorkerDied,
                        WorkerStartRefused, WorkerTerminated, describe_exit)
@@ -104,8 +105,10 @@ def failure(action: Fail, info: TaskInfo) -> BaseException:
         return TaskTimeout(action.timeout, exited.pid, info, exited.crash_report)
     if action.cause is FailCause.TERMINATED:
         return WorkerTerminated(exited.pid, exited.exitcode, info)
-    return WorkerDied(exited.pid, exited.exitcode, info, exited.crash_report,
+    died = WorkerDied(exited.pid, exited.exitcode, info, exited.crash_report,
                       exited.ended_because)
+    died.__cause__ = death_cause(exited.pid, exited.exitcode)
+    return died
 
 
 # What the system says when it is out of a resource: descriptors (per process, system-wide),

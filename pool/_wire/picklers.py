@@ -2,7 +2,8 @@
 out of the pickle stream, and the picklers kept for use again.
 
 Owns: ``PROTOCOL``; how a pickler's output is collected (``Snapshot``, ``Borrow``); the
-picklers kept per thread and collector (``kept_picklers``).
+picklers kept per thread and collector (``kept_picklers``); the by-value pickler
+(``by_value_pickler``: cloudpickle's, refusing what the stdlib refuses).
 Runs in: callers' threads (pickling a call) and the worker (pickling a result). A kept
 pickler belongs to one thread.
 Guarantees: what a ``Snapshot`` holds no longer changes with the caller's objects; what a
@@ -20,6 +21,42 @@ from typing import Any
 from .frames import Buffers
 
 PROTOCOL = 5
+
+_ByValuePickler: type[Any] | None = None
+
+
+def by_value_pickler() -> type[Any]:
+    """cloudpickle's pickler, except that an open text file is refused as the stdlib's
+    pickle refuses it (``TypeError: cannot pickle '_io.TextIOWrapper' object``).
+    cloudpickle would send a ``StringIO`` copy of what is left to read: a different object,
+    silently, where ``ProcessPoolExecutor`` fails the call. Made on first use, since its
+    base is cloudpickle's (a worker whose tasks go by reference never imports it)."""
+    global _ByValuePickler
+    if _ByValuePickler is None:
+        import copyreg
+        import io
+        from collections import ChainMap
+
+        import cloudpickle
+
+        def refuse(obj: Any) -> Any:
+            cls = type(obj)
+            raise TypeError(f"cannot pickle '{cls.__module__}.{cls.__qualname__}' object")
+
+        class ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
+            dispatch_table = ChainMap({io.TextIOWrapper: refuse},
+                                      cloudpickle.Pickler.dispatch_table, copyreg.dispatch_table)
+
+        _ByValuePickler = ByValuePickler
+    return _ByValuePickler
+
+
+def dumps_by_value(obj: Any) -> bytes:
+    """``obj`` pickled by value, as ``cloudpickle.dumps`` would, with ``by_value_pickler``."""
+    import io
+    buffer = io.BytesIO()
+    by_value_pickler()(buffer, PROTOCOL).dump(obj)
+    return buffer.getvalue()
 
 
 class Snapshot(list):  # type: ignore[type-arg]

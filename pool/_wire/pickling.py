@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from .exceptions import decode_exception, encode_exception
 from .frames import BodyReader, Buffers, Frame, Kind, MalformedFrame, Unreceivable
-from .picklers import PROTOCOL, Borrow, Snapshot, dump, kept_picklers
+from .picklers import (PROTOCOL, Borrow, Snapshot, by_value_pickler, dump, dumps_by_value,
+                       kept_picklers)
 
 if TYPE_CHECKING:
     from .._errors import ArgumentPicklingError
@@ -49,9 +50,8 @@ def dumps_callable(fn: Callable[..., Any]) -> bytes:
             raise
         except BaseException:
             pass  # a lambda or closure: fall through to pickling by value
-    import cloudpickle
     try:
-        return bytes(cloudpickle.dumps(_KeepFilename.wrap(fn), PROTOCOL))
+        return dumps_by_value(_KeepFilename.wrap(fn))
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a reducer's SystemExit too: it fails this call only
@@ -112,9 +112,8 @@ def dumps_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
         raise
     except BaseException:
         pass
-    import cloudpickle
     try:
-        return dump((args, kwargs), Snapshot, cloudpickle.Pickler)
+        return dump((args, kwargs), Snapshot, by_value_pickler())
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
@@ -125,14 +124,12 @@ def dumps_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
 def _name_unpicklable_argument(fn: Callable[..., Any], args: tuple[Any, ...],
                                kwargs: dict[str, Any], error: BaseException
                                ) -> ArgumentPicklingError:
-    import cloudpickle
-
     from .._errors import argument_pickling_error, callable_name
     named = [(f"argument {i}", a) for i, a in enumerate(args)]
     named += [(f"keyword argument {k!r}", v) for k, v in kwargs.items()]
     for label, value in named:
         try:
-            cloudpickle.dumps(value, PROTOCOL)
+            dumps_by_value(value)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:
@@ -190,8 +187,7 @@ def encode_result(value: Any) -> tuple[Kind, Buffers]:
     except BaseException:
         pass
     try:
-        import cloudpickle
-        return Kind.RESULT, dump(value, Borrow, cloudpickle.Pickler)
+        return Kind.RESULT, dump(value, Borrow, by_value_pickler())
     except BaseException as exc:
         exc.add_note(f"(raised while pickling the task's return value, a "
                      f"{type(value).__qualname__}, in the worker)")

@@ -57,11 +57,14 @@ def typed_use() -> None:
         counted = executor.map(work, [1, 2], chunksize=2, progress=seen.append)
         assert_type(counted, Iterator[tuple[int, str]])
         for finished in pool.as_completed([future], timeout=5.0, progress=Bar()):
-            assert_type(finished, cf.Future[tuple[int, str]])
+            assert_type(finished, pool.PoolFuture[tuple[int, str]])
+            assert_type(finished.stop(), bool)  # a pool's future keeps its own API
         idle = pool.ProcessPool(2, idle_timeout=30.0)
         idle.shutdown()
         base: cf.Executor = executor  # still a concurrent.futures.Executor
         assert_type(base.submit(work, 3), cf.Future[tuple[int, str]])
+        for any_future in pool.as_completed([base.submit(work, 4)]):
+            assert_type(any_future, cf.Future[tuple[int, str]])
         executor.shutdown(wait=True, cancel_futures=False)
     assert_type(pool.__version__, str)
 
