@@ -11,8 +11,8 @@ the runner is restarted after it. The outcomes are compared with
 test, and so does a listed one that now passes. A summary is printed for the CI log
 either way; the runners' logs and JSON-lines results stay in the test's ``tmp_path``.
 
-Each start method runs on one of the two Pythons by default (``METHODS_BY_PYTHON``): the
-whole suite takes ~130 s per start method, and the two interpreters together cover all
+Each start method runs on one of the three Pythons by default (``METHODS_BY_PYTHON``): the
+whole suite takes ~130 s per start method, and the three interpreters together cover all
 three methods within CI's time budget. ``POOL_CPYTHON_ALL_METHODS=1`` runs every method on
 every Python. Run one start method: ``pytest tests/test_cpython_suite.py -k spawn``.
 Environment: ``POOL_CPYTHON_TEST_TIMEOUT`` (seconds per CPython test, default 60),
@@ -57,8 +57,9 @@ MAX_ATTEMPTS = 12  # per group: restarts after hangs
 EXIT_TIMEOUT = 30.0  # the runner bounds its own exit (a leaked pool is waited for) by this
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 # Which start methods each Python runs by default: each one's default method (3.13 fork,
-# 3.14 forkserver), and spawn on the newest.
-METHODS_BY_PYTHON = {"3.13": ("fork",), "3.14": ("forkserver", "spawn")}
+# 3.14 forkserver), and spawn on the newest: every method and every Python that ships the
+# suite once, within CI's time budget.
+METHODS_BY_PYTHON = {"3.13": ("fork",), "3.14": ("forkserver",), "3.15": ("spawn",)}
 ALL_METHODS = os.environ.get("POOL_CPYTHON_ALL_METHODS") == "1"
 NOT_PASSING = ("failed", "error", "hang", "crash", "not run")
 
@@ -299,9 +300,9 @@ def _warnings(logs: list[Path]) -> collections.Counter[str]:
 def test_cpython_suite(start_method: str, tmp_path: Path,
                        capsys: pytest.CaptureFixture[str]) -> None:
     if sys.version_info < (3, 13):
-        # The differences are established against 3.13's and 3.14's suites, which are the
-        # ones our machines carry (pyenv's 3.11 and 3.12 builds ship none).
-        pytest.skip("CPython's suite is run on 3.13 and 3.14")
+        # The differences are established against 3.13's, 3.14's and 3.15's suites, which
+        # are the ones our machines carry (pyenv's 3.11 and 3.12 builds ship none).
+        pytest.skip("CPython's suite is run on 3.13, 3.14 and 3.15")
     if not ALL_METHODS and start_method not in METHODS_BY_PYTHON.get(PYTHON, ()):
         pytest.skip(f"{start_method} runs CPython's suite on another Python"
                     " (POOL_CPYTHON_ALL_METHODS=1 runs it here too)")

@@ -22,7 +22,7 @@ DESCRIPTORS = WORKERS * 8 + 256
 @pytest.mark.isolated
 # (spawn takes 17 s to start 256 interpreters on 2 cores: there, on the newest Python only)
 @pytest.mark.parametrize("start_method", ["fork", "forkserver", pytest.param(
-    "spawn", marks=pytest.mark.skipif(sys.version_info < (3, 14), reason="run on 3.14"))])
+    "spawn", marks=pytest.mark.skipif(sys.version_info < (3, 15), reason="run on 3.15"))])
 @pytest.mark.timeout(600)
 def test_a_pool_of_256_workers_starts_runs_loses_workers_and_shuts_down(start_method,
                                                                         tmp_path):
