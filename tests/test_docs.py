@@ -1,4 +1,4 @@
-"""docs/architecture.md stays true to the tree: it names every module of the package."""
+"""docs/architecture.rst stays true to the tree: it names every module of the package."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-ARCHITECTURE = ROOT / "docs" / "architecture.md"
+ARCHITECTURE = ROOT / "docs" / "architecture.rst"
 PACKAGE = ROOT / "pool"
 
 
@@ -22,6 +22,6 @@ def test_the_architecture_page_names_every_module():
             continue  # a package is named by its folder
         if path.stem not in named:
             missing.append(str(path.relative_to(ROOT)))
-    assert not missing, f"docs/architecture.md does not name: {missing}"
+    assert not missing, f"docs/architecture.rst does not name: {missing}"
     for folder in sorted(p for p in PACKAGE.iterdir() if (p / "__init__.py").exists()):
-        assert f"{folder.name}/" in text, f"docs/architecture.md does not name {folder.name}/"
+        assert f"{folder.name}/" in text, f"docs/architecture.rst does not name {folder.name}/"
