@@ -5,7 +5,7 @@ Swap ``from concurrent.futures import ProcessPoolExecutor`` for
 ``from pool import ProcessPoolExecutor`` (or ``ProcessPool``); see README.rst.
 
 The packages, by role. Each module opens with what it owns, runs in, guarantees and
-assumes; docs/architecture.md walks through them.
+assumes; docs/architecture.rst walks through them.
 
 - the API, here: ``_executor`` (``ProcessPool``, with ``_options`` for its arguments,
   ``_first_task`` for what its first task needs done first and ``_stdlib_attributes``

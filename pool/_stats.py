@@ -40,6 +40,7 @@ class PoolStats:
 
     Tasks (a ``map`` chunk is one task), each counted in exactly one of:
 
+    ==============  ==================================================================
     ``queued``      not started: in the pool's queue, or sent ahead into a worker's pipe
     ``running``     a worker is running it
     ``completed``   returned a result
@@ -50,6 +51,7 @@ class PoolStats:
     ``stopped``     stopped while running: ``stop()``, ``terminate_workers()``,
                     ``kill_workers()`` (its future ended cancelled or ``WorkerTerminated``)
     ``timed_out``   ran longer than its timeout (``TaskTimeout``)
+    ==============  ==================================================================
 
     ``submitted`` is their sum. Calls that could not be pickled never reach the pool and
     are not counted.

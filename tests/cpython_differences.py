@@ -14,9 +14,9 @@ hang still runs, with a shorter time limit (so that a fix shows).
 Each value is one ``Difference`` (or a tuple of them, for different start methods or
 Pythons): the outcomes allowed (``fails``: failed or error; ``hangs``; ``flaky``: failed,
 error or passed), the start methods and Python versions it applies to (default: all), and
-the reason in one line, naming the deliberate difference in README.rst ("Differences from
-ProcessPoolExecutor") it comes from. A failure that no README difference explains is a bug
-to fix, not an entry to add.
+the reason in one line, naming the deliberate difference in docs/differences.rst ("README
+N" is its number there; the list was README's) it comes from. A failure that no listed
+difference explains is a bug to fix, not an entry to add.
 
 The test fails on any failure, error or hang that is not listed here, and on a listed one
 that now passes: remove its entry then.

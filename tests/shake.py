@@ -18,7 +18,7 @@ A run passes when:
 - its exit status is one the path documents, and the command line wrote at most one line
   to standard error.
 
-Run it long from a checkout (README.rst, "The shake")::
+Run it long from a checkout (docs/development.rst, "The shake")::
 
     python tests/shake.py --runs 2000 --methods fork,forkserver,spawn
 

@@ -1,5 +1,6 @@
-"""What README's security review claims, where it can be checked: no sockets, crash
-reports private and never on disk, and what a worker inherits under each start method."""
+"""What the security review (docs/guide/security.rst) claims, where it can be checked: no
+sockets, crash reports private and never on disk, and what a worker inherits under each
+start method."""
 
 from __future__ import annotations
 

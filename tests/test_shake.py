@@ -1,7 +1,7 @@
 """The shake (``tests/shake.py``): a short one on every run of the suite, and each race it
 found, pinned by a test that opens the race on purpose.
 
-The long shake is run by hand (README.rst, "The shake"); these keep its paths working and
+The long shake is run by hand (docs/development.rst, "The shake"); these keep its paths working and
 its findings fixed.
 """
 

@@ -3,7 +3,7 @@
 Each scenario runs in a child interpreter of its own, in a session of its own, under a hard
 timeout; after it ends the test checks that no process of that session is left (nanny,
 dask worker, pool workers, forkserver). Tasks and script meet through files, not sleeps.
-Run by tox's ``dask`` environment (``pip install sturdypool[dask]``), not the core matrix.
+Run by tox's ``dask`` environment (``pip install 'sturdypool[dask]'``), not the core matrix.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
+from doc_examples import programs
 from helpers import REPO_DIR, START_METHODS, session_members, wait_until
 
-pytest.importorskip("distributed", reason="pool.dask's tests need pip install sturdypool[dask]")
+pytest.importorskip("distributed", reason="pool.dask's tests need pip install 'sturdypool[dask]'")
 
 HERE = Path(__file__).resolve().parent
 PRELUDE = (HERE / "dask_scenario.py").read_text()
@@ -397,13 +398,13 @@ def test_importing_pool_does_not_import_dask():
     assert out.strip() == "[]"
 
 
-def test_the_readme_example_runs_as_written(tmp_path):
-    blocks = [block for block in re.findall(r"^\.\. code-block:: python\n\n((?:    .*\n|\n)+)",
-                                            (REPO_DIR / "README.rst").read_text(), re.M)
+def test_the_guide_example_runs_as_written(tmp_path):
+    # docs/guide/dask.rst's example (tests/test_readme.py runs the others).
+    blocks = [block for block in programs(REPO_DIR / "docs" / "guide" / "dask.rst")
               if "pool.dask" in block]
     assert len(blocks) == 1
     script = tmp_path / "example.py"
-    script.write_text(textwrap.dedent(blocks[0]))
+    script.write_text(blocks[0])
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
                             start_new_session=True)
