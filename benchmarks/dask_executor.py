@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/dask_executor.py [--rounds N] [--workers W] [--small N] [--busy N]
 
-Needs ``pip install pool[dask]``. Each round starts a ``LocalCluster`` of one dask worker
+Needs ``pip install 'sturdypool[dask]'``. Each round starts a ``LocalCluster`` of one dask worker
 process (with its nanny) per executor, interleaved, and measures:
 
 - throughput of tiny tasks (``client.map`` of a no-op) and of ~10 ms CPU-bound tasks

@@ -134,7 +134,8 @@ def death_cause(pid: int, exitcode: int | None) -> BaseException | None:
     Code written for 3.15 may read it, so ``WorkerDied`` has it there too; before 3.15
     the stdlib sets none, and neither does pool. None where the class is missing.
 
-    Checked on 3.11, 3.12, 3.13, 3.14 (the class exists, unused for deaths), 3.15."""
+    Checked on 3.11, 3.12, 3.13, 3.14, 3.15 (before 3.15 the class is there, unused for
+    deaths)."""
     if sys.version_info < (3, 15):
         return None
     from concurrent.futures import process

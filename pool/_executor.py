@@ -6,7 +6,7 @@ arguments are checked by ``_options``; what the first task needs done first is
 ``_first_task``'s; ``map``'s chunking and ordering are ``_mapping``'s.
 Runs in: the callers' threads; all process work is done by the ``Dispatcher`` it owns.
 Guarantees: the stdlib's semantics for ``submit``, ``map``, ``shutdown`` and the context
-manager, except where README.rst lists a deliberate difference.
+manager, except where docs/differences.rst lists a deliberate difference.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ class ProcessPool(StdlibAttributes, Executor):
 
         ``progress``: an object with ``update(n)`` (a ``tqdm`` bar) or a callable taking
         ``n``, told how many items are done as their tasks finish (failed ones included),
-        on a thread of its own; see README.rst, "Progress".
+        on a thread of its own; see docs/guide/using.rst, "Progress".
         """
         return self._map(fn, iterables, timeout, chunksize, buffersize, progress)
 

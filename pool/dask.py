@@ -1,4 +1,4 @@
-"""pool as the task executor of dask.distributed workers (``pip install pool[dask]``).
+"""pool as the task executor of dask.distributed workers (``pip install 'sturdypool[dask]'``).
 
 Owns: the ``ProcessPool`` it installs in each dask worker, as the worker's default executor
 or as a named one that tasks choose with ``dask.annotate(executor=NAME)``; the daemonic
@@ -343,7 +343,7 @@ def _setup(worker: Any, **given: Any) -> Any:
                                            if value is None else value)
     plugin = ProcessPoolPlugin(options.pop("executor") or "default", **options)
     # Awaited by distributed's preload. If it fails, distributed logs the error and the
-    # worker starts anyway, running its tasks in threads (README says so).
+    # worker starts anyway, running its tasks in threads (docs/guide/dask.rst says so).
     return worker.plugin_add(plugin, catch_errors=False)
 
 
