@@ -214,7 +214,9 @@ class TaskTimeout(TimeoutError):
 
     Attributes: ``timeout`` (seconds), ``task`` (a :class:`TaskInfo`), ``pid`` and
     ``stack``: where the task was when its time ran out (every thread of the worker, the
-    task's first), or ``None`` if the worker could not write it.
+    task's first), or ``None`` if the worker could not write it. A task's function with no
+    Python frame of its own (``time.sleep`` as the task) shows as a line saying so
+    (``IN_THE_TASK_FUNCTION``), which the message replaces with the call.
     """
 
     def __init__(self, timeout: float, pid: int, task: TaskInfo,

@@ -2,8 +2,10 @@
 frame body, and back.
 
 Owns: the body of a RAISED or INIT_FAILED frame (``encode_exception``,
-``decode_exception``), pickling with tblib's reducers, and freeing the frames an unpickled
-exception keeps alive (``release_frames``). The pool's error classes are ``pool._errors``'s.
+``decode_exception``), pickling exceptions with tblib's reducers and tracebacks with the
+pool's own (each frame with the source positions of its instruction, so Python's carets
+land where they would for a local frame), and freeing the frames an unpickled exception
+keeps alive (``release_frames``). The pool's error classes are ``pool._errors``'s.
 Runs in: the worker (encoding) and the dispatcher thread (decoding, releasing).
 Guarantees: an exception always arrives as an exception: the task's own, the error that
 kept the worker from pickling it, or a ``RemoteTaskError`` that says what failed. Its type,
