@@ -85,9 +85,10 @@ def _traceback_entries(tb: types.TracebackType | None) -> tuple[_Entry, ...]:
     while tb is not None:
         code = tb.tb_frame.f_code
         f_globals = tb.tb_frame.f_globals
-        entries.append((code.co_filename, code.co_name, getattr(code, "co_qualname", code.co_name),
-                        f_globals.get("__file__"), f_globals.get("__name__"), tb.tb_lineno,
-                        _positions(code, tb.tb_lasti)))
+        lineno: int | None = tb.tb_lineno  # None where unknown (3.12+): shown as line 0
+        entries.append((code.co_filename, code.co_name, code.co_qualname,
+                        f_globals.get("__file__"), f_globals.get("__name__"),
+                        -1 if lineno is None else lineno, _positions(code, tb.tb_lasti)))
         tb = tb.tb_next
     return tuple(entries)
 
