@@ -5,7 +5,6 @@ exception raised in the caller would: the same lines, and the same carets under 
 
 from __future__ import annotations
 
-import sys
 import traceback
 from typing import Any, Callable
 
