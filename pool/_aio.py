@@ -89,7 +89,9 @@ class _Arrivals(Generic[F]):
             self._waiter = waiter = self._loop.create_future()
             timer = None if deadline is None else self._loop.call_at(deadline, _wake, waiter)
             try:
-                await waiter  # woken by an arrival, or by the timer
+                # Woken by an arrival, or by the timer. (Comments go above the lines that
+                # a traceback can show: a cancelled wait shows this one.)
+                await waiter
             finally:
                 self._waiter = None
                 if timer is not None:

@@ -88,6 +88,10 @@ class TaskInfo:
         parts += [f"{k}={_safe_repr(v)}" for k, v in self.kwargs.items()]
         return f"task {self.task_id}: {self.function_name}({', '.join(parts)})"
 
+    def call(self) -> str:
+        """``mod.fn(1, 'x', key=...)``: the call alone, as ``describe`` shows it."""
+        return self.describe().partition(": ")[2]
+
     def __repr__(self) -> str:
         return f"<TaskInfo {self.describe()}>"
 
@@ -128,6 +132,26 @@ def describe_exit(exitcode: int | None) -> str:
             name = "signal"
         return f"signal {name} ({-exitcode})"
     return f"exit code {exitcode}"
+
+
+# What a worker's stack shows, in place of a frame, for a thread that was inside a callable
+# with no Python frame of its own (a built-in function, C code) that the pool's worker
+# called: the task's function itself, or the function a ``map`` chunk calls on each input.
+# ``_worker.teardown`` writes them into a crash report; ``TaskTimeout`` and ``WorkerDied``
+# name the task's call in the first.
+IN_THE_TASK_FUNCTION = ("  in the task's function itself, which is not Python code (a "
+                        "built-in or C function called directly as the task)")
+IN_THE_MAPPED_FUNCTION = ("  in the function called on each input, which is not Python "
+                          "code (a built-in or C function called directly on the input)")
+
+
+def _naming_the_call(stack: str, task: TaskInfo) -> str:
+    """The stack, with the task's call named where the worker was inside it."""
+    if IN_THE_TASK_FUNCTION not in stack:
+        return stack
+    return stack.replace(IN_THE_TASK_FUNCTION,
+                         f"  in {task.call()}, which is not Python code (a built-in or C "
+                         f"function called directly as the task)")
 
 
 class WorkerDied(BrokenProcessPool):
@@ -171,7 +195,8 @@ class WorkerDied(BrokenProcessPool):
             text += ("\nThe process was killed from outside (SIGKILL cannot be caught): "
                      "by another process, or by the kernel's OOM killer when memory ran out.")
         if self.crash_report:
-            text += "\nCrash report from the worker:\n" + self.crash_report.rstrip()
+            text += ("\nCrash report from the worker:\n"
+                     + _naming_the_call(self.crash_report, self.task).rstrip())
         elif self.exitcode is not None and self.exitcode >= 0:
             text += "\nThe worker exited without a Python error (os._exit or a C-level exit)."
         return text
@@ -189,7 +214,9 @@ class TaskTimeout(TimeoutError):
 
     Attributes: ``timeout`` (seconds), ``task`` (a :class:`TaskInfo`), ``pid`` and
     ``stack``: where the task was when its time ran out (every thread of the worker, the
-    task's first), or ``None`` if the worker could not write it.
+    task's first), or ``None`` if the worker could not write it. A task's function with no
+    Python frame of its own (``time.sleep`` as the task) shows as a line saying so
+    (``IN_THE_TASK_FUNCTION``), which the message replaces with the call.
     """
 
     def __init__(self, timeout: float, pid: int, task: TaskInfo,
@@ -204,7 +231,8 @@ class TaskTimeout(TimeoutError):
         text = (f"{self.task.describe()} ran longer than its timeout of {self.timeout:g} s "
                 f"and was stopped (worker pid {self.pid}, killed with its process group).")
         if self.stack:
-            return text + "\nWhere it was when the time ran out:\n" + self.stack.rstrip()
+            return (text + "\nWhere it was when the time ran out:\n"
+                    + _naming_the_call(self.stack, self.task).rstrip())
         return text + "\n(The worker did not write its stack in time.)"
 
 

@@ -195,7 +195,9 @@ class ProcessPool(StdlibAttributes, Executor):
         is queued and stops it if it runs: its worker and the worker's process group are
         killed, and a new worker takes the slot.
         """
-        return await self.schedule(fn, args, kwargs, timeout=timeout)  # PoolFuture.__await__
+        # Awaits PoolFuture.__await__. (No comment on the next line: a task's traceback
+        # shows it.)
+        return await self.schedule(fn, args, kwargs, timeout=timeout)
 
     def amap(self, fn: Callable[..., T], *iterables: Iterable[Any], buffersize: int | None = None,
              ordered: bool = True, chunksize: int = 1) -> AsyncGenerator[T, None]:
@@ -312,7 +314,9 @@ class ProcessPool(StdlibAttributes, Executor):
             return
         self._dispatcher.shutdown(wait=False, cancel_futures=False)
         try:
-            await asyncio.wrap_future(self._dispatcher.finished)  # done-callbacks not awaited
+            # Done-callbacks are not awaited. (Not on the next line: a cancelled or
+            # interrupted wait's traceback shows it.)
+            await asyncio.wrap_future(self._dispatcher.finished)
         except BaseException:
             self.terminate_workers()
             raise

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import CancelledError, Future, InvalidStateError
-from typing import Any, Callable, Generator, TypeVar
+from typing import Any, Callable, Generator, TypeGuard, TypeVar
 
 from . import _compat, _shake
 from ._callbacks import run_callbacks, runner_of_this_thread
@@ -154,7 +154,9 @@ class PoolFuture(Future[T]):
         try:
             self._wait_finished(timeout)
             if _holds_exception(self._exception):
-                raise self._exception  # type: ignore[misc]  # not None: checked above
+                # No comment on the next line: a task's traceback shows it, as the stdlib's
+                # shows its own ``raise self._exception``.
+                raise self._exception
             return self._result  # type: ignore[no-any-return]
         finally:
             # The exception raised here keeps this frame in its traceback, and the future
@@ -326,7 +328,7 @@ class PoolFuture(Future[T]):
             raise
 
 
-def _holds_exception(exception: BaseException | None) -> bool:
+def _holds_exception(exception: BaseException | None) -> TypeGuard[BaseException]:
     """Whether a finished future holds an exception: ``is not None``, as 3.14's ``Future``
     asks. Earlier versions asked its truth, and swallowed an exception that is false
     (gh-132063)."""

@@ -251,3 +251,19 @@ def test_nothing_is_left_behind(table, method):
     facts = table(method)
     assert facts["children_left"] == [] and facts["threads_left"] == []
     assert not [pid for pid in facts["worker_pids"] if process_exists(pid)]
+
+
+@pytest.mark.isolated
+def test_a_builtin_that_kills_its_worker_is_named_in_the_crash_report(ctx):
+    # ``os.abort`` itself as the task: the crash report holds only the pool's frames, which
+    # the report leaves out. A line says the worker was in that call instead.
+    import os
+
+    import pool
+    from pool._errors import IN_THE_TASK_FUNCTION
+    with pool.ProcessPool(1, mp_context=ctx) as p:
+        error = p.submit(os.abort).exception(60)
+    assert isinstance(error, pool.WorkerDied) and error.signal_name == "SIGABRT"
+    assert IN_THE_TASK_FUNCTION in error.crash_report.splitlines()
+    assert ("\n  in posix.abort(), which is not Python code (a built-in or C function called "
+            "directly as the task)") in str(error)

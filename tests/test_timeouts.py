@@ -4,7 +4,10 @@ group are gone, and the pool carries on."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 
@@ -220,3 +223,43 @@ def test_polling_a_result_with_a_timeout_leaves_nothing_behind():
     assert future._wakers == []
     future.set_result(3)
     assert future.result(0) == 3 and future.exception(0) is None
+
+
+
+# -- where a timed-out task was, when it has no Python frame ---------------------------------
+
+@pytest.mark.isolated
+def test_a_timed_out_builtin_called_directly_says_it_was_in_that_call(ctx):
+    # ``time.sleep`` itself as the task: the worker's stack holds only the pool's frames,
+    # which a report leaves out. A line says where it was instead of an empty stack.
+    from pool._errors import IN_THE_MAPPED_FUNCTION, IN_THE_TASK_FUNCTION
+    with pool.ProcessPool(1, mp_context=ctx, task_timeout=0.5) as p:
+        error = p.submit(time.sleep, 60).exception(60)
+        assert isinstance(error, pool.TaskTimeout)
+        assert error.stack.splitlines()[1:] == [IN_THE_TASK_FUNCTION]
+        assert ("\n  in time.sleep(60), which is not Python code (a built-in or C function "
+                "called directly as the task)") in str(error)
+        # Mapped over a chunk's inputs, it is the function called on each.
+        with pytest.raises(pool.TaskTimeout) as mapped:
+            list(p.map(time.sleep, [60, 60], chunksize=2))
+        assert mapped.value.stack.splitlines()[1:] == [IN_THE_MAPPED_FUNCTION]
+
+
+@pytest.mark.isolated
+def test_a_timed_out_python_function_shows_its_own_frame_first(ctx):
+    with pool.ProcessPool(1, mp_context=ctx, task_timeout=0.5) as p:
+        error = p.submit(tasks.sleep_then, 60).exception(60)
+        assert isinstance(error, pool.TaskTimeout)
+        lines = error.stack.splitlines()
+        assert lines[1].endswith(" in sleep_then") and lines[1].strip().startswith("File ")
+        assert "which is not Python code" not in error.stack + str(error)
+
+
+def test_the_command_line_says_where_a_timed_out_builtin_was():
+    from pool._errors import IN_THE_MAPPED_FUNCTION
+    proc = subprocess.run([sys.executable, "-m", "pool", "map", "--jsonl", "--timeout", "0.5",
+                           "time:sleep"], input="60\n", capture_output=True, text=True,
+                          timeout=120)
+    assert proc.stdout.startswith("!TaskTimeout"), (proc.stdout, proc.stderr)
+    where = proc.stderr.split("Where it was when the time ran out:\n")[1].splitlines()
+    assert where[1] == IN_THE_MAPPED_FUNCTION, proc.stderr

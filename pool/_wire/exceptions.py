@@ -2,8 +2,10 @@
 frame body, and back.
 
 Owns: the body of a RAISED or INIT_FAILED frame (``encode_exception``,
-``decode_exception``), pickling with tblib's reducers, and freeing the frames an unpickled
-exception keeps alive (``release_frames``). The pool's error classes are ``pool._errors``'s.
+``decode_exception``), pickling exceptions with tblib's reducers and tracebacks with the
+pool's own (each frame with the source positions of its instruction, so Python's carets
+land where they would for a local frame), and freeing the frames an unpickled exception
+keeps alive (``release_frames``). The pool's error classes are ``pool._errors``'s.
 Runs in: the worker (encoding) and the dispatcher thread (decoding, releasing).
 Guarantees: an exception always arrives as an exception: the task's own, the error that
 kept the worker from pickling it, or a ``RemoteTaskError`` that says what failed. Its type,
@@ -15,7 +17,9 @@ reducers may fail in any way, even by ``SystemExit``.
 
 from __future__ import annotations
 
+import functools
 import io
+import itertools
 import pickle
 import traceback
 import types
@@ -51,9 +55,100 @@ def _reduce_with_traceback(obj: Any) -> Any:
                      obj.__context__, obj.__suppress_context__,
                      getattr(obj, "__notes__", None)), *rest)
     if isinstance(obj, types.TracebackType):
-        from tblib import pickling_support
-        return pickling_support.pickle_traceback(obj)
+        return _rebuild_traceback, (_traceback_entries(obj),)
     return NotImplemented
+
+
+# --- tracebacks ---------------------------------------------------------------------------
+#
+# A traceback travels as one entry per frame, the way tblib's does (file, function, line),
+# plus what tblib's leaves out: the function's qualified name and the source positions of
+# the instruction the frame was at (``co_positions()``: line, end line, column, end
+# column). Python 3.11+ underlines that span of the real source line in a traceback, with
+# ``~~^~~`` under the operator of a binary operation or a subscript. tblib rebuilds each
+# frame from a stub ``raise`` statement compiled at the right line, whose columns are the
+# stub's own, so the carets pointed at the wrong part of the line. Here each frame's stub
+# is compiled from a syntax tree whose one raising instruction (a name that is not
+# defined) has exactly the remote positions; the traceback module then reads the real
+# line from the source, as it does for a local frame. Where the positions are unknown,
+# the stub's have no columns, and no carets show.
+
+# (file name, function name, qualified name, f_globals' __file__ and __name__, line,
+# positions): plain values, which pickle anywhere.
+_Entry = tuple[str, str, str, Any, Any, int, tuple[Any, ...]]
+
+_STUB_NAME = "__pool_remote_frame__"  # undefined wherever a stub runs: it raises NameError
+
+
+def _traceback_entries(tb: types.TracebackType | None) -> tuple[_Entry, ...]:
+    entries = []
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        f_globals = tb.tb_frame.f_globals
+        lineno: int | None = tb.tb_lineno  # None where unknown (3.12+): shown as line 0
+        entries.append((code.co_filename, code.co_name, code.co_qualname,
+                        f_globals.get("__file__"), f_globals.get("__name__"),
+                        -1 if lineno is None else lineno, _positions(code, tb.tb_lasti)))
+        tb = tb.tb_next
+    return tuple(entries)
+
+
+def _positions(code: types.CodeType, lasti: int) -> tuple[Any, ...]:
+    """(line, end line, column, end column) of the instruction at ``lasti``, any of them
+    None where unknown (``-X no_debug_ranges``, or no instruction there)."""
+    if lasti < 0:
+        return (None, None, None, None)
+    return next(itertools.islice(code.co_positions(), lasti // 2, None),
+                (None, None, None, None))
+
+
+def _rebuild_traceback(entries: tuple[_Entry, ...]) -> types.TracebackType | None:
+    """The traceback of ``entries``: a real one, of stub frames with the remote names,
+    lines and positions, as ``traceback`` and debuggers read them."""
+    top: types.TracebackType | None = None
+    last: types.TracebackType | None = None
+    for filename, name, qualname, file_global, name_global, lineno, positions in entries:
+        code = _stub_code(lineno, *positions).replace(co_filename=filename, co_name=name,
+                                                      co_qualname=qualname)
+        f_globals = {"__file__": file_global, "__name__": name_global}
+        try:
+            exec(code, f_globals, {})  # noqa: S102 (a stub compiled here; it only raises)
+        except NameError as exc:
+            assert exc.__traceback__ is not None and exc.__traceback__.tb_next is not None
+            entry = exc.__traceback__.tb_next  # the stub's frame, past this one
+            del exc
+        else:  # pragma: no cover (the stub always raises)
+            raise AssertionError(f"the stub of {name} did not raise")
+        if last is None:
+            top = entry
+        else:
+            last.tb_next = entry
+        last = entry
+    try:
+        return top
+    finally:
+        # This frame is the stubs' ``f_back``: what its locals hold, the traceback would
+        # hold too, in a cycle only the GC frees.
+        del top, last, entry
+
+
+@functools.lru_cache(maxsize=256)
+def _stub_code(lineno: int, start_line: Any, end_line: Any, column: Any,
+               end_column: Any) -> types.CodeType:
+    """Code whose one raising instruction is at line ``lineno`` with the given positions.
+
+    The positions count only if they are all known and start at ``lineno`` (the line the
+    traceback names). Otherwise the instruction has the line alone: a column of -1 in
+    the tree compiles to an entry without columns (3.11 to 3.15)."""
+    import ast
+    if start_line == lineno and None not in (end_line, column, end_column):
+        where = dict(lineno=lineno, end_lineno=end_line, col_offset=column,
+                     end_col_offset=end_column)
+    else:
+        where = dict(lineno=lineno, end_lineno=lineno, col_offset=-1, end_col_offset=-1)
+    name = ast.Name(id=_STUB_NAME, ctx=ast.Load(), **where)
+    tree = ast.Module(body=[ast.Expr(value=name, **where)], type_ignores=[])
+    return compile(tree, "<pool remote frame>", "exec", dont_inherit=True)
 
 
 class _ExceptionPickler(pickle.Pickler):

@@ -109,15 +109,35 @@ def _crashing_thread_first(text: str) -> str:
 def _without_pool_frames(block: str) -> str:
     # Most recent call first: everything from the worker's own loop down is the pool's
     # machinery (and multiprocessing's bootstrap), the same in every report.
-    lines = block.splitlines()
+    lines = _saying_where_no_frame_shows(block.splitlines())
     for number, line in enumerate(lines):
         if line.strip().startswith("File ") and _WORKER_FILE in line:
             return "\n".join(lines[:number])
-    return block
+    return "\n".join(lines)
+
+
+def _saying_where_no_frame_shows(lines: list[str]) -> list[str]:
+    """A thread whose latest frame is the pool's own call of the task's function (or of
+    the function a chunk maps) was inside that function, and it has no Python frame: a
+    built-in such as ``time.sleep`` called directly. The stack would say nothing of it
+    once the pool's frames are gone; a line in their place says where it was."""
+    from .._errors import IN_THE_MAPPED_FUNCTION, IN_THE_TASK_FUNCTION
+    if len(lines) < 2 or not lines[1].strip().startswith("File "):
+        return lines
+    for filename, function, says in ((_WORKER_FILE, "_run_call", IN_THE_TASK_FUNCTION),
+                                     (_WORKER_FILE, "process_items", IN_THE_MAPPED_FUNCTION),
+                                     (_WORKER_FILE, "process_chunk", IN_THE_MAPPED_FUNCTION),
+                                     (_COMMAND_TASK_FILE, "_run_one", IN_THE_MAPPED_FUNCTION)):
+        if f'"{filename}"' in lines[1] and lines[1].endswith(f" in {function}"):
+            return [lines[0], says, *lines[1:]]
+    return lines
 
 
 # The worker's main module, ``main.py`` beside this one: its frames end a crash report.
 _WORKER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "main.py")
+# The command line's task module, which calls the user's function on each input.
+_COMMAND_TASK_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                  "_cli", "task.py")
 
 
 def make_crash_file() -> tuple[int | None, str]:
