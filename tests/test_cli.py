@@ -473,6 +473,24 @@ def test_json_lines_for_results_and_failures():
     assert "invalid literal for int()" in error["message"]
 
 
+def test_the_type_of_a_failure_is_said_once_its_message_alone_beside_it(tmp_path):
+    """--json's "message" is str(exc), the type is in "type" only; the job log's Error is
+    the type; the plain line and standard error read as Python shows an exception."""
+    log = tmp_path / "log"
+    proc = run_map("-j", "2", "--json", "--joblog", str(log), "cli_functions:act",
+                   "fail49", "exit3")
+    assert proc.rc == 2, proc.err
+    raised, died = [json.loads(line)["error"] for line in proc.out.splitlines()]
+    assert raised["type"] == "ValueError" and raised["message"] == "failed on fail49"
+    assert died["type"] == "WorkerDied" and died["message"].startswith("worker pid ")
+    assert "WorkerDied" not in died["message"]
+    assert "pool map: input 1 ('fail49') failed: ValueError: failed on fail49" in proc.err
+    _, entries = read_joblog(log)
+    assert [entries[seq][8] for seq in (1, 2)] == ["ValueError", "WorkerDied"]
+    proc = run_map("-j", "2", "cli_functions:act", "fail49")
+    assert proc.out == "!ValueError: failed on fail49\n"
+
+
 def test_json_values_json_cannot_hold_are_their_repr():
     proc = run_map("-j", "2", "--json", "cli_functions:special", "none", "set",
                    "unpicklable", "dict", "newline", "nan")

@@ -83,8 +83,9 @@ def test_count_reads_a_regular_file_without_moving_its_offset(tmp_path):
 def test_plain_lines_tell_failures_from_results():
     assert plain_result("a\nb\rc") == "a\\nb\\rc"
     assert plain_result("!important") == "\\!important"
-    failure = Failure("error", "ValueError", "ValueError: bad\nvalue", "")
-    assert plain_failure(failure) == "!ValueError: bad\\nvalue"
+    failure = Failure("error", "ValueError", "bad\nvalue", "")
+    assert plain_failure(failure) == "!ValueError: bad value"
+    assert plain_failure(Failure("error", "KeyboardInterrupt", "", "")) == "!KeyboardInterrupt"
     assert tagged("in\tput", "4") == "in\\tput\t4"
 
 
@@ -92,10 +93,13 @@ def test_json_lines_are_objects_with_the_value_or_the_error():
     import json
     assert json.loads(json_result(3, "x", "[1, 2]")) == {
         "seq": 3, "input": "x", "ok": True, "value": [1, 2]}
-    failure = Failure("died", "WorkerDied", "WorkerDied: ...", "", 0, "SIGSEGV", 42)
+    failure = Failure("died", "WorkerDied", "worker pid 42 died", "", 0, "SIGSEGV", 42)
     assert json.loads(json_failure(4, "y", failure))["error"] == {
-        "type": "WorkerDied", "message": "WorkerDied: ...", "kind": "died", "exitcode": 0,
+        "type": "WorkerDied", "message": "worker pid 42 died", "kind": "died", "exitcode": 0,
         "signal": "SIGSEGV", "pid": 42}
+    # The message is the exception's alone, whole: its type is beside it, not in it.
+    failure = Failure("error", "ValueError", "two\nlines", "")
+    assert json.loads(json_failure(5, "z", failure))["error"]["message"] == "two\nlines"
 
 
 def test_the_joblog_reads_back_what_it_wrote_last_entry_winning(tmp_path):

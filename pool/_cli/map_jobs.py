@@ -100,7 +100,8 @@ class Jobs:
             self.results.skipped(item)
             return
         if item.error is not None:
-            failure = output.Failure("invalid", item.error.partition(":")[0], item.error, "")
+            error_type, _, message = item.error.partition(": ")
+            failure = output.Failure("invalid", error_type, message, "")
             self._record_failure(item, failure, attempts=0, start=time.time(), runtime=0.0)
             return
         self.batch.append(item)
