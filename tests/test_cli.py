@@ -14,6 +14,8 @@ import json
 import os
 import re
 import select
+import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -503,6 +505,99 @@ def test_json_values_json_cannot_hold_are_their_repr():
 
 def _no_constants(name: str) -> None:
     raise AssertionError(f"not strict JSON: {name}")
+
+
+# -- --parse ---------------------------------------------------------------------------------
+
+PARSE_INPUT = "1\n x \n-2\n\n"
+
+
+@pytest.mark.parametrize("kind, values", [
+    ("str", ["1", " x ", "-2", ""]),
+    ("int", [1, None, -2, None]),
+    ("float", [1.0, None, -2.0, None]),
+    ("json", [1, None, -2, None]),
+    ("literal", [1, None, -2, None]),
+])
+def test_parse_passes_each_input_as_its_kind(kind, values):
+    proc = run_map("--parse", kind, "--json", "-j", "2", "cli_functions:show",
+                   stdin=PARSE_INPUT)
+    lines = [json.loads(line) for line in proc.out.splitlines()]
+    assert [line["seq"] for line in lines] == [1, 2, 3, 4]
+    got = [json.loads(line["value"])[0][0] if line["ok"] else None for line in lines]
+    assert got == values
+    assert proc.rc == values.count(None), proc.err
+
+
+def test_an_input_that_does_not_parse_fails_alone_and_says_where_and_why(tmp_path):
+    log = tmp_path / "log"
+    proc = run_map("--parse", "int", "--joblog", str(log), "-j", "2", "math:factorial",
+                   stdin="3\n4\nx\n5\n")
+    assert proc.rc == 1, proc.err
+    assert proc.out == "6\n24\n!ValueError: cannot parse 'x' as int\n120\n"
+    assert "pool map: input 3: cannot parse 'x' as int\n" in proc.err
+    _, entries = read_joblog(log)
+    assert [entries[3][i] for i in (3, 8, 9)] == ["invalid", "ValueError", "x"]
+    assert [entries[seq][3] for seq in (1, 2, 4)] == ["ok", "ok", "ok"]
+
+    proc = run_map("--parse", "json", "--json", "builtins:len", stdin='[1]\n{"a\n')
+    assert proc.rc == 1, proc.err
+    ok, bad = [json.loads(line) for line in proc.out.splitlines()]
+    assert ok["input"] == [1] and ok["value"] == 1
+    assert bad["input"] == '{"a' and bad["error"] == {
+        "type": "JSONDecodeError", "kind": "invalid",
+        "message": "cannot parse '{\"a' as JSON: Unterminated string starting at column 2"}
+
+
+def test_parse_and_jsonl_are_a_usage_error():
+    proc = run_map("--parse", "int", "--jsonl", "builtins:len", stdin="1\n")
+    assert proc.rc == 255 and "--parse and --jsonl" in proc.err and proc.out == ""
+
+
+def _examples(help_text: str) -> list[str]:
+    """The example commands at the end of a --help."""
+    section = help_text.partition("\nexamples:\n")[2]
+    return [line.strip() for line in section.splitlines() if line.startswith("  ")]
+
+
+def _self_contained(example: str) -> bool:
+    """Whether an example needs nothing of the reader's: no script (./), no input file
+    (-a), and only programs found on PATH."""
+    if "./" in example or " -a " in example:
+        return False
+    for stage in example.split("|"):
+        words = shlex.split(stage)
+        program = words[0]
+        if words[:4] == ["python", "-m", "pool", "run"] and words[4] not in ("-m", "-c"):
+            program = words[4]
+        if program != "python" and shutil.which(program) is None:
+            return False
+    return True
+
+
+@pytest.mark.timeout(200)
+def test_every_self_contained_example_of_the_help_runs(tmp_path):
+    """Each example of map's and run's --help that needs nothing of the reader's runs as
+    written, in a shell, and succeeds: a new user's first try works."""
+    (tmp_path / "src").mkdir()   # what ``run -m compileall ... src/`` compiles
+    (tmp_path / "src" / "module.py").write_text("x = 1\n")
+    examples = []
+    for command in (["map", "--help"], ["run", "--help"], ["--help"], ["demo", "--help"]):
+        proc = run(*command)
+        assert proc.rc == 0, proc.err
+        examples += [e for e in _examples(proc.out) if _self_contained(e)]
+    assert len(examples) >= 3, examples
+    bin_dir = tmp_path / "bin"     # "python" is the Python under test
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    (bin_dir / "python").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    for example in examples:
+        proc = subprocess.run(["bash", "-o", "pipefail", "-c", example], cwd=tmp_path,
+                              env=env, capture_output=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, (example, proc.stderr.decode())
+        assert proc.stdout, example
 
 
 # -- worker death ----------------------------------------------------------------------------

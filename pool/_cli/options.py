@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, NamedTuple, NoReturn
 
 from .. import __version__
 from .console import EXIT_USAGE, flush_quietly, is_open
+from .inputs import PARSERS
 from .joblog import Joblog, Resume
 
 RETRY_KINDS = ("died", "timeout", "error")
@@ -199,14 +200,15 @@ its input. An input stopped by --halt now or a signal gets no line (it did not f
 
 Inputs are the INPUT arguments, or the lines of FILE (-a) or standard input, read as
 the run goes (a pipeline streams). A line is passed as one string argument, without
-its line ending (\\n or \\r\\n); a blank line is an input too (the empty string), so
-output lines stay aligned with input lines.
+its line ending (\\n or \\r\\n), or as the value it parses into with --parse; a blank
+line is an input too (the empty string), so output lines stay aligned with input lines.
 
 Ctrl-C, SIGTERM and SIGHUP stop the run: every worker is ended, the lines of what
 finished are written, and one line on standard error says what was left.""",
         epilog=EXIT_STATUS_HELP + """
 examples:
-  seq 1 100 | python -m pool map math:factorial --unordered
+  seq 1 100 | python -m pool map math:factorial --parse int --unordered
+  printf '%s\\n' '[2, 10]' '[10, -1]' | python -m pool map math:pow --jsonl --json
   python -m pool map ./resize.py:resize -a images.txt --progress --joblog run.log
   python -m pool map ./resize.py:resize -a images.txt --joblog run.log --resume-failed
   find . -name '*.json' -print0 | python -m pool map -0 ./check.py:check --tag --halt now,fail=1
@@ -215,17 +217,24 @@ examples:
                             help="an importable module's function (os.path:getsize), or a "
                                  "script's (./script.py:func)")
     map_parser.add_argument("inputs", nargs="*", metavar="INPUT",
-                            help="inputs, each passed as a string (default: lines of "
-                                 "standard input); put -- before them if one starts with -")
+                            help="inputs, each passed as a string or as --parse says "
+                                 "(default: lines of standard input); put -- before them "
+                                 "if one starts with -")
     source = map_parser.add_argument_group("input")
     source.add_argument("-a", "--arg-file", metavar="FILE",
                         help="read the inputs from FILE instead of standard input")
     source.add_argument("-0", "--null", action="store_true",
                         help="inputs are separated by NUL bytes, not lines (find -print0)")
+    source.add_argument("--parse", choices=tuple(PARSERS), metavar="KIND",
+                        help="pass each input as KIND: str (the default: the text as it "
+                             "is), int, float, json (json.loads) or literal (a Python "
+                             "literal, by ast.literal_eval: numbers, strings, tuples, "
+                             "lists, dicts, sets, None, True, False); an input that does not "
+                             "parse fails without running (job log Outcome: invalid)")
     source.add_argument("--jsonl", action="store_true",
                         help="each line is JSON: a list is the positional arguments, an "
                              "object the keyword arguments, anything else the one argument; "
-                             "blank lines are skipped")
+                             "blank lines are skipped (no --parse: JSON is typed already)")
     out = map_parser.add_argument_group("output")
     out.add_argument("--unordered", action="store_true",
                      help="print each line as its input finishes (default: input order)")
