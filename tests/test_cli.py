@@ -977,6 +977,69 @@ def test_a_script_that_fails_to_import_is_a_usage_error(tmp_path):
     assert len(usage_error_lines(proc.err)) == 1 and "nope" in proc.err
 
 
+@pytest.mark.parametrize("source, message, where", [
+    ("import json\nx = 1\ny = undefined_name\n",
+     "NameError: name 'undefined_name' is not defined",
+     ['File "{dir}/broken.py", line 3, in <module>', "y = undefined_name"]),
+    ("def f(s):\n    return s s\n", "SyntaxError: invalid syntax",
+     ['File "{dir}/broken.py", line 2', "return s s"]),
+    ("import broken_helper\n", "RuntimeError: config missing",
+     ['File "{dir}/broken.py", line 1, in <module>', "import broken_helper",
+      'File "{dir}/broken_helper.py", line 2, in g', "raise RuntimeError('config missing')"]),
+    ("import argparse\nargparse.ArgumentParser().parse_args()\n",
+     "SystemExit: 2 (the module exits when it is imported",
+     ['File "{dir}/broken.py", line 2, in <module>']),
+], ids=["NameError", "SyntaxError", "in a module it imports", "exits"])
+def test_a_module_that_raises_at_import_says_where(tmp_path, source, message, where):
+    """The file, line and code of the user's frames, below the one error line; none of
+    importlib's, pool's or the standard library's."""
+    (tmp_path / "broken.py").write_text(source + "def f(s):\n    return s\n")
+    (tmp_path / "broken_helper.py").write_text(
+        "def g():\n    raise RuntimeError('config missing')\ng()\n")
+    for spec in ("broken:f", "./broken.py:f"):
+        proc = run_map(spec, "a", cwd=tmp_path)
+        assert proc.rc == 255 and proc.out == "", proc.err
+        # (The "exits" module's own parser says "error:" too.)
+        (error,) = [line for line in usage_error_lines(proc.err) if "pool map" in line]
+        assert f"cannot load '{spec}': {message}" in error
+        below = proc.err.partition(error)[2]
+        for line in where:
+            assert line.format(dir=tmp_path) in below, proc.err
+        for ours in ("importlib", "_cli", "argparse.py", "Traceback"):
+            assert ours not in below, proc.err
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("json:loads:x", "'json:loads:x' is not MODULE:FUNCTION (more than one ':'): give "
+                     "module:function (math:factorial), module:obj.attr "
+                     "(json:JSONDecoder.decode) or path/to/file.py:function"),
+    ("json", "'json' is not MODULE:FUNCTION (no ':'): give module:function"),
+    ("json.loads", "(no ':'; did you mean 'json:loads'?)"),
+    ("json:", "'json:' is not MODULE:FUNCTION (nothing after ':')"),
+    (":loads", "':loads' is not MODULE:FUNCTION (nothing before ':')"),
+    ("json:nosuch", "cannot load 'json:nosuch': module 'json' has no attribute 'nosuch'"),
+    ("json:lods", "module 'json' has no attribute 'lods' (did you mean 'loads'"),
+    ("json:JSONDecoder.decod",
+     "json:JSONDecoder has no attribute 'decod' (did you mean 'decode' or 'raw_decode'?)"),
+    ("json:__doc__", "'json:__doc__' is not callable: it is a str"),
+    ("json:decoder", "'json:decoder' is not callable: it is a module"),
+])
+def test_a_malformed_or_wrong_function_says_what_is_wrong(spec, message):
+    proc = run_map(spec, "a")
+    assert proc.rc == 255 and proc.out == "", proc.err
+    (error,) = usage_error_lines(proc.err)
+    assert message in error
+    assert "No module named" not in error
+
+
+def test_a_script_in_a_directory_whose_name_holds_a_colon_loads(tmp_path):
+    directory = tmp_path / "a:b"
+    directory.mkdir()
+    (directory / "colon_script.py").write_text("def f(s):\n    return s + '!'\n")
+    proc = run_map("./a:b/colon_script.py:f", "x", cwd=tmp_path)
+    assert proc.rc == 0 and proc.out == "x!\n", proc.err
+
+
 def test_help_exits_0_and_explains_the_exit_statuses():
     proc = run_map("--help")
     assert proc.rc == 0

@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import importlib
 import multiprocessing
 import os
 import re
 import sys
+import traceback
 from typing import Any, Callable, Iterator, NamedTuple, NoReturn
 
 from .. import __version__
@@ -50,28 +52,100 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+# What MODULE:FUNCTION may be, as a message about a malformed one says it.
+FUNCTION_FORMS = ("module:function (math:factorial), module:obj.attr "
+                  "(json:JSONDecoder.decode) or path/to/file.py:function (./script.py:f)")
+
+
 def load_function(spec: str) -> Callable[..., Any]:
-    """``MODULE:FUNCTION`` (importable) or ``PATH.py:FUNCTION`` (a script, by its path)."""
-    module_name, _, attribute = spec.rpartition(":")
-    if not module_name or not attribute:
-        raise argparse.ArgumentTypeError(
-            f"expected MODULE:FUNCTION or PATH.py:FUNCTION, got {spec!r}")
+    """``MODULE:FUNCTION`` (importable) or ``PATH.py:FUNCTION`` (a script, by its path);
+    FUNCTION may be dotted (``obj.attr``). Every way it can fail is an ArgumentTypeError
+    that says why, and where the module raised if importing it did."""
+    module_name, attribute = _split_spec(spec)
     try:
         with _stdout_to_stderr():   # standard output is for results only
-            if module_name.endswith(".py") or os.sep in module_name:
+            if _is_path(module_name):
                 target: Any = _import_script(module_name)
             else:
                 target = importlib.import_module(module_name)
-        for part in attribute.split("."):
+        parts = attribute.split(".")
+        for number, part in enumerate(parts):
+            if not hasattr(target, part):
+                owner = (f"module {module_name!r}" if number == 0
+                         else f"{module_name}:{'.'.join(parts[:number])}")
+                raise argparse.ArgumentTypeError(
+                    f"cannot load {spec!r}: {owner} has no attribute {part!r}"
+                    + _did_you_mean(part, target))
             target = getattr(target, part)
     except argparse.ArgumentTypeError:
         raise
-    except Exception as exc:  # the module's own code may raise anything while importing
+    # The module's own code may raise anything while importing; a script that parses its
+    # command line at import exits (SystemExit).
+    except (Exception, SystemExit) as exc:
+        why = (" (the module exits when it is imported: does it lack an "
+               "'if __name__ == \"__main__\":'?)" if isinstance(exc, SystemExit) else "")
         raise argparse.ArgumentTypeError(
-            f"cannot load {spec!r}: {type(exc).__name__}: {exc}") from exc
+            f"cannot load {spec!r}: {type(exc).__name__}: {exc}{why}" + _where(exc)) from exc
     if not callable(target):
-        raise argparse.ArgumentTypeError(f"{spec!r} is not callable")
+        raise argparse.ArgumentTypeError(
+            f"{spec!r} is not callable: it is {_a(type(target).__name__)}")
     return target  # type: ignore[no-any-return]
+
+
+def _is_path(module_name: str) -> bool:
+    return module_name.endswith(".py") or os.sep in module_name
+
+
+def _split_spec(spec: str) -> tuple[str, str]:
+    """MODULE and FUNCTION. A path may hold ':' (it is split at the last); a module name
+    cannot, so more than one there is a mistake (json:loads:x), not a module's name."""
+    module_name, colon, attribute = spec.rpartition(":")
+    problem = ("no ':'" if not colon
+               else "more than one ':'" if ":" in module_name and not _is_path(module_name)
+               else "nothing before ':'" if not module_name
+               else "nothing after ':'" if not attribute else None)
+    if problem is None:
+        return module_name, attribute
+    if not colon and "." in spec.strip(".") and not _is_path(spec):
+        problem += f"; did you mean {':'.join(spec.rsplit('.', 1))!r}?"
+    raise argparse.ArgumentTypeError(
+        f"{spec!r} is not MODULE:FUNCTION ({problem}): give {FUNCTION_FORMS}")
+
+
+def _did_you_mean(name: str, target: Any) -> str:
+    try:
+        names = [n for n in dir(target) if not n.startswith("_") or name.startswith("_")]
+    except Exception:   # a dir() that raises: no suggestion
+        return ""
+    close = difflib.get_close_matches(name, names, n=3)
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1] in "aeiouAEIOU" else f"a {noun}"
+
+
+# Frames of a failed import that say nothing about the user's module: importlib's, ours,
+# and the standard library's (argparse's, in a script that parses its arguments).
+_NOT_THE_USERS = (importlib.__file__, __file__)
+_STANDARD_LIBRARY = os.path.dirname(os.__file__) + os.sep
+# At most this many of the user's frames, the last: where it raised, and what led there.
+_WHERE_FRAMES = 5
+
+
+def _where(exc: BaseException) -> str:
+    """Where importing the user's module raised, under the message: its frames (file, line,
+    code), without importlib's and ours, and for a SyntaxError the line it points at."""
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
+              if frame.filename not in _NOT_THE_USERS
+              and not frame.filename.startswith("<frozen importlib")
+              and not (frame.filename.startswith(_STANDARD_LIBRARY)
+                       and "-packages" + os.sep not in frame.filename)]
+    lines = traceback.StackSummary.from_list(frames[-_WHERE_FRAMES:]).format()
+    if isinstance(exc, SyntaxError):   # the file and line are the exception's, not a frame's
+        lines += traceback.format_exception_only(type(exc), exc)[:-1]
+    text = "".join(lines).rstrip("\n")
+    return "\n" + text if text else ""
 
 
 @contextlib.contextmanager
