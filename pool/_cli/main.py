@@ -153,7 +153,8 @@ def _map(args: argparse.Namespace, closed: frozenset[int]) -> int:
                 else None),
         window=args.read_ahead or max(1000, 4 * workers * args.chunksize))
     try:
-        summary = Run(options, read_inputs(records, args.jsonl, args.parse or "str"), total, stdout_fd=1,
+        inputs = read_inputs(records, args.jsonl, args.parse or "str")
+        summary = Run(options, inputs, total, stdout_fd=1,
                       stderr_fd=None if 2 in closed else 2).run()
     finally:
         if joblog is not None:

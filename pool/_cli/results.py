@@ -79,4 +79,3 @@ class Results:
     def clear_progress(self) -> None:
         if self.progress is not None:
             self.progress.clear()
-
