@@ -1018,7 +1018,7 @@ def test_a_module_that_raises_at_import_says_where(tmp_path, source, message, wh
     ("json:", "'json:' is not MODULE:FUNCTION (nothing after ':')"),
     (":loads", "':loads' is not MODULE:FUNCTION (nothing before ':')"),
     ("json:nosuch", "cannot load 'json:nosuch': module 'json' has no attribute 'nosuch'"),
-    ("json:lods", "module 'json' has no attribute 'lods' (did you mean 'loads'"),
+    ("json:lods", "module 'json' has no attribute 'lods' (did you mean 'loads' or 'load'?)"),
     ("json:JSONDecoder.decod",
      "json:JSONDecoder has no attribute 'decod' (did you mean 'decode' or 'raw_decode'?)"),
     ("json:__doc__", "'json:__doc__' is not callable: it is a str"),

@@ -113,11 +113,13 @@ def _split_spec(spec: str) -> tuple[str, str]:
 
 
 def _did_you_mean(name: str, target: Any) -> str:
+    """Close names that can be called (not the modules a module imported)."""
     try:
         names = [n for n in dir(target) if not n.startswith("_") or name.startswith("_")]
-    except Exception:   # a dir() that raises: no suggestion
+        close = [n for n in difflib.get_close_matches(name, names, n=6)
+                 if callable(getattr(target, n, None))][:3]
+    except Exception:   # a dir() or an attribute that raises: no suggestion
         return ""
-    close = difflib.get_close_matches(name, names, n=3)
     return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
 
 
