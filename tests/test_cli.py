@@ -14,6 +14,8 @@ import json
 import os
 import re
 import select
+import shlex
+import shutil
 import signal
 import subprocess
 import threading
@@ -473,6 +475,24 @@ def test_json_lines_for_results_and_failures():
     assert "invalid literal for int()" in error["message"]
 
 
+def test_the_type_of_a_failure_is_said_once_its_message_alone_beside_it(tmp_path):
+    """--json's "message" is str(exc), the type is in "type" only; the job log's Error is
+    the type; the plain line and standard error read as Python shows an exception."""
+    log = tmp_path / "log"
+    proc = run_map("-j", "2", "--json", "--joblog", str(log), "cli_functions:act",
+                   "fail49", "exit3")
+    assert proc.rc == 2, proc.err
+    raised, died = [json.loads(line)["error"] for line in proc.out.splitlines()]
+    assert raised["type"] == "ValueError" and raised["message"] == "failed on fail49"
+    assert died["type"] == "WorkerDied" and died["message"].startswith("worker pid ")
+    assert "WorkerDied" not in died["message"]
+    assert "pool map: input 1 ('fail49') failed: ValueError: failed on fail49" in proc.err
+    _, entries = read_joblog(log)
+    assert [entries[seq][8] for seq in (1, 2)] == ["ValueError", "WorkerDied"]
+    proc = run_map("-j", "2", "cli_functions:act", "fail49")
+    assert proc.out == "!ValueError: failed on fail49\n"
+
+
 def test_json_values_json_cannot_hold_are_their_repr():
     proc = run_map("-j", "2", "--json", "cli_functions:special", "none", "set",
                    "unpicklable", "dict", "newline", "nan")
@@ -485,6 +505,99 @@ def test_json_values_json_cannot_hold_are_their_repr():
 
 def _no_constants(name: str) -> None:
     raise AssertionError(f"not strict JSON: {name}")
+
+
+# -- --parse ---------------------------------------------------------------------------------
+
+PARSE_INPUT = "1\n x \n-2\n\n"
+
+
+@pytest.mark.parametrize("kind, values", [
+    ("str", ["1", " x ", "-2", ""]),
+    ("int", [1, None, -2, None]),
+    ("float", [1.0, None, -2.0, None]),
+    ("json", [1, None, -2, None]),
+    ("literal", [1, None, -2, None]),
+])
+def test_parse_passes_each_input_as_its_kind(kind, values):
+    proc = run_map("--parse", kind, "--json", "-j", "2", "cli_functions:show",
+                   stdin=PARSE_INPUT)
+    lines = [json.loads(line) for line in proc.out.splitlines()]
+    assert [line["seq"] for line in lines] == [1, 2, 3, 4]
+    got = [json.loads(line["value"])[0][0] if line["ok"] else None for line in lines]
+    assert got == values
+    assert proc.rc == values.count(None), proc.err
+
+
+def test_an_input_that_does_not_parse_fails_alone_and_says_where_and_why(tmp_path):
+    log = tmp_path / "log"
+    proc = run_map("--parse", "int", "--joblog", str(log), "-j", "2", "math:factorial",
+                   stdin="3\n4\nx\n5\n")
+    assert proc.rc == 1, proc.err
+    assert proc.out == "6\n24\n!ValueError: cannot parse 'x' as int\n120\n"
+    assert "pool map: input 3: cannot parse 'x' as int\n" in proc.err
+    _, entries = read_joblog(log)
+    assert [entries[3][i] for i in (3, 8, 9)] == ["invalid", "ValueError", "x"]
+    assert [entries[seq][3] for seq in (1, 2, 4)] == ["ok", "ok", "ok"]
+
+    proc = run_map("--parse", "json", "--json", "builtins:len", stdin='[1]\n{"a\n')
+    assert proc.rc == 1, proc.err
+    ok, bad = [json.loads(line) for line in proc.out.splitlines()]
+    assert ok["input"] == [1] and ok["value"] == 1
+    assert bad["input"] == '{"a' and bad["error"] == {
+        "type": "JSONDecodeError", "kind": "invalid",
+        "message": "cannot parse '{\"a' as JSON: Unterminated string starting at column 2"}
+
+
+def test_parse_and_jsonl_are_a_usage_error():
+    proc = run_map("--parse", "int", "--jsonl", "builtins:len", stdin="1\n")
+    assert proc.rc == 255 and "--parse and --jsonl" in proc.err and proc.out == ""
+
+
+def _examples(help_text: str) -> list[str]:
+    """The example commands at the end of a --help."""
+    section = help_text.partition("\nexamples:\n")[2]
+    return [line.strip() for line in section.splitlines() if line.startswith("  ")]
+
+
+def _self_contained(example: str) -> bool:
+    """Whether an example needs nothing of the reader's: no script (./), no input file
+    (-a), and only programs found on PATH."""
+    if "./" in example or " -a " in example:
+        return False
+    for stage in example.split("|"):
+        words = shlex.split(stage)
+        program = words[0]
+        if words[:4] == ["python", "-m", "pool", "run"] and words[4] not in ("-m", "-c"):
+            program = words[4]
+        if program != "python" and shutil.which(program) is None:
+            return False
+    return True
+
+
+@pytest.mark.timeout(200)
+def test_every_self_contained_example_of_the_help_runs(tmp_path):
+    """Each example of map's and run's --help that needs nothing of the reader's runs as
+    written, in a shell, and succeeds: a new user's first try works."""
+    (tmp_path / "src").mkdir()   # what ``run -m compileall ... src/`` compiles
+    (tmp_path / "src" / "module.py").write_text("x = 1\n")
+    examples = []
+    for command in (["map", "--help"], ["run", "--help"], ["--help"], ["demo", "--help"]):
+        proc = run(*command)
+        assert proc.rc == 0, proc.err
+        examples += [e for e in _examples(proc.out) if _self_contained(e)]
+    assert len(examples) >= 3, examples
+    bin_dir = tmp_path / "bin"     # "python" is the Python under test
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    (bin_dir / "python").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    for example in examples:
+        proc = subprocess.run(["bash", "-o", "pipefail", "-c", example], cwd=tmp_path,
+                              env=env, capture_output=True, timeout=60,
+                              stdin=subprocess.DEVNULL)
+        assert proc.returncode == 0, (example, proc.stderr.decode())
+        assert proc.stdout, example
 
 
 # -- worker death ----------------------------------------------------------------------------
@@ -862,6 +975,69 @@ def test_a_script_that_fails_to_import_is_a_usage_error(tmp_path):
     proc = run_map(f"{tmp_path}/broken_script.py:f", "a")
     assert proc.rc == 255 and "Traceback" not in proc.err
     assert len(usage_error_lines(proc.err)) == 1 and "nope" in proc.err
+
+
+@pytest.mark.parametrize("source, message, where", [
+    ("import json\nx = 1\ny = undefined_name\n",
+     "NameError: name 'undefined_name' is not defined",
+     ['File "{dir}/broken.py", line 3, in <module>', "y = undefined_name"]),
+    ("def f(s):\n    return s s\n", "SyntaxError: invalid syntax",
+     ['File "{dir}/broken.py", line 2', "return s s"]),
+    ("import broken_helper\n", "RuntimeError: config missing",
+     ['File "{dir}/broken.py", line 1, in <module>', "import broken_helper",
+      'File "{dir}/broken_helper.py", line 2, in g', "raise RuntimeError('config missing')"]),
+    ("import argparse\nargparse.ArgumentParser().parse_args()\n",
+     "SystemExit: 2 (the module exits when it is imported",
+     ['File "{dir}/broken.py", line 2, in <module>']),
+], ids=["NameError", "SyntaxError", "in a module it imports", "exits"])
+def test_a_module_that_raises_at_import_says_where(tmp_path, source, message, where):
+    """The file, line and code of the user's frames, below the one error line; none of
+    importlib's, pool's or the standard library's."""
+    (tmp_path / "broken.py").write_text(source + "def f(s):\n    return s\n")
+    (tmp_path / "broken_helper.py").write_text(
+        "def g():\n    raise RuntimeError('config missing')\ng()\n")
+    for spec in ("broken:f", "./broken.py:f"):
+        proc = run_map(spec, "a", cwd=tmp_path)
+        assert proc.rc == 255 and proc.out == "", proc.err
+        # (The "exits" module's own parser says "error:" too.)
+        (error,) = [line for line in usage_error_lines(proc.err) if "pool map" in line]
+        assert f"cannot load '{spec}': {message}" in error
+        below = proc.err.partition(error)[2]
+        for line in where:
+            assert line.format(dir=tmp_path) in below, proc.err
+        for ours in ("importlib", "_cli", "argparse.py", "Traceback"):
+            assert ours not in below, proc.err
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("json:loads:x", "'json:loads:x' is not MODULE:FUNCTION (more than one ':'): give "
+                     "module:function (math:factorial), module:obj.attr "
+                     "(json:JSONDecoder.decode) or path/to/file.py:function"),
+    ("json", "'json' is not MODULE:FUNCTION (no ':'): give module:function"),
+    ("json.loads", "(no ':'; did you mean 'json:loads'?)"),
+    ("json:", "'json:' is not MODULE:FUNCTION (nothing after ':')"),
+    (":loads", "':loads' is not MODULE:FUNCTION (nothing before ':')"),
+    ("json:nosuch", "cannot load 'json:nosuch': module 'json' has no attribute 'nosuch'"),
+    ("json:lods", "module 'json' has no attribute 'lods' (did you mean 'loads' or 'load'?)"),
+    ("json:JSONDecoder.decod",
+     "json:JSONDecoder has no attribute 'decod' (did you mean 'decode' or 'raw_decode'?)"),
+    ("json:__doc__", "'json:__doc__' is not callable: it is a str"),
+    ("json:decoder", "'json:decoder' is not callable: it is a module"),
+])
+def test_a_malformed_or_wrong_function_says_what_is_wrong(spec, message):
+    proc = run_map(spec, "a")
+    assert proc.rc == 255 and proc.out == "", proc.err
+    (error,) = usage_error_lines(proc.err)
+    assert message in error
+    assert "No module named" not in error
+
+
+def test_a_script_in_a_directory_whose_name_holds_a_colon_loads(tmp_path):
+    directory = tmp_path / "a:b"
+    directory.mkdir()
+    (directory / "colon_script.py").write_text("def f(s):\n    return s + '!'\n")
+    proc = run_map("./a:b/colon_script.py:f", "x", cwd=tmp_path)
+    assert proc.rc == 0 and proc.out == "x!\n", proc.err
 
 
 def test_help_exits_0_and_explains_the_exit_statuses():

@@ -48,7 +48,39 @@ def test_jsonl_lines_become_arguments_and_blank_lines_are_skipped():
     items = list(read_inputs([b"[1, 2]", b"  ", b'{"a": 1}', b"3", b"nope"], jsonl=True))
     assert [(i.seq, i.args, i.kwargs) for i in items[:3]] == [
         (1, (1, 2), {}), (2, (), {"a": 1}), (3, (3,), {})]
-    assert items[3].seq == 4 and items[3].error.startswith("JSONDecodeError")
+    assert items[3].seq == 4 and items[3].error is not None
+    assert items[3].error.error_type == "JSONDecodeError"
+    assert items[3].error.message == "cannot parse 'nope' as JSON: Expecting value at column 1"
+
+
+@pytest.mark.parametrize("kind, text, value", [
+    ("str", " 7 ", " 7 "), ("int", " 7 ", 7), ("int", "-1_000", -1000), ("float", "1e3", 1e3),
+    ("json", '{"a": [1, null]}', {"a": [1, None]}), ("json", "[1, 2]", [1, 2]),
+    ("literal", "(1, 'b', {2})", (1, "b", {2})), ("literal", "None", None),
+])
+def test_parse_makes_the_one_argument_of_its_kind(kind, text, value):
+    item = parse(5, text, kind=kind)
+    assert item.error is None and item.args == (value,) and item.kwargs == {}
+    assert item.value == value and item.text == text
+
+
+@pytest.mark.parametrize("kind, text, error_type, message", [
+    ("int", "x", "ValueError", "cannot parse 'x' as int"),
+    ("int", "", "ValueError", "cannot parse '' as int"),
+    ("float", "1,5", "ValueError", "cannot parse '1,5' as float"),
+    ("json", "[1,", "JSONDecodeError",
+     "cannot parse '[1,' as JSON: Expecting value at column 4"),
+    ("literal", "f(1)", "ValueError", "cannot parse 'f(1)' as a Python literal"),
+    ("literal", "(1", "SyntaxError", "cannot parse '(1' as a Python literal: "),
+    ("literal", "(" * 100_000, "", "cannot parse '((((("),
+])
+def test_a_record_that_does_not_parse_is_an_input_that_says_why(kind, text, error_type,
+                                                                 message):
+    (item,) = read_inputs([text.encode()], jsonl=False, kind=kind)
+    assert item.seq == 1 and item.args == () and item.value == text
+    assert item.error is not None and item.error.message.startswith(message)
+    assert item.error.error_type.startswith(error_type)
+    assert len(item.error.message) < 200   # a long record is cut short in the message
 
 
 def test_bytes_that_are_not_utf8_survive_as_surrogates():
@@ -83,8 +115,9 @@ def test_count_reads_a_regular_file_without_moving_its_offset(tmp_path):
 def test_plain_lines_tell_failures_from_results():
     assert plain_result("a\nb\rc") == "a\\nb\\rc"
     assert plain_result("!important") == "\\!important"
-    failure = Failure("error", "ValueError", "ValueError: bad\nvalue", "")
-    assert plain_failure(failure) == "!ValueError: bad\\nvalue"
+    failure = Failure("error", "ValueError", "bad\nvalue", "")
+    assert plain_failure(failure) == "!ValueError: bad value"
+    assert plain_failure(Failure("error", "KeyboardInterrupt", "", "")) == "!KeyboardInterrupt"
     assert tagged("in\tput", "4") == "in\\tput\t4"
 
 
@@ -92,10 +125,13 @@ def test_json_lines_are_objects_with_the_value_or_the_error():
     import json
     assert json.loads(json_result(3, "x", "[1, 2]")) == {
         "seq": 3, "input": "x", "ok": True, "value": [1, 2]}
-    failure = Failure("died", "WorkerDied", "WorkerDied: ...", "", 0, "SIGSEGV", 42)
+    failure = Failure("died", "WorkerDied", "worker pid 42 died", "", 0, "SIGSEGV", 42)
     assert json.loads(json_failure(4, "y", failure))["error"] == {
-        "type": "WorkerDied", "message": "WorkerDied: ...", "kind": "died", "exitcode": 0,
+        "type": "WorkerDied", "message": "worker pid 42 died", "kind": "died", "exitcode": 0,
         "signal": "SIGSEGV", "pid": 42}
+    # The message is the exception's alone, whole: its type is beside it, not in it.
+    failure = Failure("error", "ValueError", "two\nlines", "")
+    assert json.loads(json_failure(5, "z", failure))["error"]["message"] == "two\nlines"
 
 
 def test_the_joblog_reads_back_what_it_wrote_last_entry_winning(tmp_path):

@@ -7,14 +7,20 @@ Guarantees: records are read a block at a time as they are needed, never the who
 first, so a pipeline streams. Bytes that are not UTF-8 pass through unchanged
 (``surrogateescape``). Records are split on newlines, or with ``-0`` on NUL bytes. A
 ``\\r`` before the newline is part of the line ending. A blank line is an input, the empty
-string, so output lines stay aligned with input lines. With ``--jsonl`` each line is
-JSON: a list is the positional arguments, an object the keyword arguments, anything else
-the one argument. Blank lines are skipped, and a line that is not JSON is an input that
-fails with the parse error.
+string, so output lines stay aligned with input lines.
+
+A record is the one argument, as text (``--parse str``), or the value it parses into:
+``--parse int``, ``float``, ``json`` (``json.loads``) or ``literal``
+(``ast.literal_eval``). With ``--jsonl`` each line is JSON: a list is the positional
+arguments, an object the keyword arguments, anything else the one argument; blank lines
+are skipped. (``--jsonl`` already gives typed arguments: it takes no ``--parse``.) A
+record that does not parse is still an input, with its number, that fails without
+running (``Input.error``): the run goes on.
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import json
 import os
@@ -23,38 +29,82 @@ from typing import Any, Callable, Iterable, Iterator, NamedTuple
 
 _BLOCK = 1 << 16
 
+# ``--parse KIND``: what makes a record's text into the function's argument, and the name
+# a message gives the kind ("cannot parse 'x' as int").
+PARSERS: dict[str, tuple[Callable[[str], Any], str]] = {
+    "str": (str, "str"),
+    "int": (int, "int"),
+    "float": (float, "float"),
+    "json": (json.loads, "JSON"),
+    "literal": (ast.literal_eval, "a Python literal"),
+}
+
+
+class Unparsed(NamedTuple):
+    """Why a record is not an input that can run: it did not parse."""
+    error_type: str             # the parser's exception: "ValueError", "JSONDecodeError"
+    message: str                # "cannot parse 'x' as int"
+
 
 class Input(NamedTuple):
     seq: int                    # 1-based position among the inputs
     text: str                   # the record as read, for output lines and the joblog
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    error: str | None           # why the record cannot be an input (bad JSON), or None
-    value: Any                  # what --json output shows as the input: text, or the JSON
+    error: Unparsed | None      # why the record cannot be an input, or None
+    value: Any                  # what --json output shows as the input: text, or the parsed
 
 
-def read_inputs(records: Iterable[bytes], jsonl: bool) -> Iterator[Input]:
+def read_inputs(records: Iterable[bytes], jsonl: bool, kind: str = "str") -> Iterator[Input]:
     seq = 0
     for record in records:
         text = record.decode("utf-8", "surrogateescape")
         if jsonl and not text.strip():
             continue
         seq += 1
-        yield parse(seq, text, jsonl)
+        yield parse(seq, text, jsonl, kind)
 
 
-def parse(seq: int, text: str, jsonl: bool) -> Input:
-    if not jsonl:
+def parse(seq: int, text: str, jsonl: bool = False, kind: str = "str") -> Input:
+    """The input that record ``seq`` makes: ``text`` as it is, parsed by ``kind``
+    (``PARSERS``), or with ``jsonl`` a JSON line of arguments."""
+    assert not (jsonl and kind != "str"), "--jsonl takes no --parse"
+    if kind == "str" and not jsonl:
         return Input(seq, text, (text,), {}, None, text)
+    parser, name = PARSERS["json" if jsonl else kind]
     try:
-        value = json.loads(text)
-    except ValueError as exc:
-        return Input(seq, text, (), {}, f"JSONDecodeError: {exc}", text)
-    if isinstance(value, list):
+        value = parser(text)
+    except Exception as exc:  # literal_eval may raise RecursionError, MemoryError, ...
+        reason = _reason(exc)
+        error = Unparsed(type(exc).__name__, f"cannot parse {short(text)} as {name}"
+                         + (f": {reason}" if reason else ""))
+        return Input(seq, text, (), {}, error, text)
+    if jsonl and isinstance(value, list):
         return Input(seq, text, tuple(value), {}, None, value)
-    if isinstance(value, dict):
+    if jsonl and isinstance(value, dict):
         return Input(seq, text, (), value, None, value)
     return Input(seq, text, (value,), {}, None, value)
+
+
+def _reason(exc: Exception) -> str:
+    """What a parser's exception adds to "cannot parse TEXT as KIND": where, for JSON and
+    Python syntax. ``int()``'s and ``float()``'s messages only quote the text again."""
+    if isinstance(exc, json.JSONDecodeError):
+        where = (f"line {exc.lineno} column {exc.colno}" if exc.lineno > 1
+                 else f"column {exc.colno}")
+        # Some of its messages end in "at" ("Unterminated string starting at").
+        return f"{exc.msg.removesuffix(' at')} at {where}"
+    if isinstance(exc, SyntaxError):
+        return exc.msg + (f" at column {exc.offset}" if exc.offset else "")
+    if isinstance(exc, ValueError):
+        return ""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def short(text: Any, limit: int = 60) -> str:
+    """An input as a message shows it: its repr, cut to about ``limit`` characters."""
+    shown = repr(text)
+    return shown if len(shown) <= limit else shown[:limit - 4] + "...'"
 
 
 def records_of(fd: int, nul: bool) -> Iterator[bytes]:

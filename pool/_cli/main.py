@@ -104,6 +104,9 @@ def _map(args: argparse.Namespace, closed: frozenset[int]) -> int:
         return _usage("give inputs as arguments or with -a FILE, not both")
     if (args.resume or args.resume_failed) and not args.joblog:
         return _usage("--resume and --resume-failed need --joblog FILE")
+    if args.jsonl and args.parse:
+        return _usage("--parse and --jsonl do not go together: --jsonl reads each line as "
+                      "JSON arguments, typed already")
     if args.tag and args.json:
         return _usage("--tag and --json do not go together: each JSON object holds its "
                       "input already")
@@ -150,7 +153,8 @@ def _map(args: argparse.Namespace, closed: frozenset[int]) -> int:
                 else None),
         window=args.read_ahead or max(1000, 4 * workers * args.chunksize))
     try:
-        summary = Run(options, read_inputs(records, args.jsonl), total, stdout_fd=1,
+        inputs = read_inputs(records, args.jsonl, args.parse or "str")
+        summary = Run(options, inputs, total, stdout_fd=1,
                       stderr_fd=None if 2 in closed else 2).run()
     finally:
         if joblog is not None:

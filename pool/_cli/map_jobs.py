@@ -25,11 +25,11 @@ from concurrent.futures import Future
 from typing import Any, NamedTuple
 
 from . import output
-from .inputs import Input
+from .inputs import Input, short
 from .lines import Window
 from .map_events import Events, post_done
 from .options import Halt, Options
-from .results import Results, short
+from .results import Results
 from .task import Report, run_job, setup_worker, take_capture
 from .._errors import WorkerTerminated
 from .._executor import ProcessPool
@@ -100,7 +100,7 @@ class Jobs:
             self.results.skipped(item)
             return
         if item.error is not None:
-            failure = output.Failure("invalid", item.error.partition(":")[0], item.error, "")
+            failure = output.Failure("invalid", item.error.error_type, item.error.message, "")
             self._record_failure(item, failure, attempts=0, start=time.time(), runtime=0.0)
             return
         self.batch.append(item)

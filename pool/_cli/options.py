@@ -10,15 +10,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import importlib
 import multiprocessing
 import os
 import re
 import sys
+import traceback
 from typing import Any, Callable, Iterator, NamedTuple, NoReturn
 
 from .. import __version__
 from .console import EXIT_USAGE, flush_quietly, is_open
+from .inputs import PARSERS
 from .joblog import Joblog, Resume
 
 RETRY_KINDS = ("died", "timeout", "error")
@@ -49,28 +52,102 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
 
+# What MODULE:FUNCTION may be, as a message about a malformed one says it.
+FUNCTION_FORMS = ("module:function (math:factorial), module:obj.attr "
+                  "(json:JSONDecoder.decode) or path/to/file.py:function (./script.py:f)")
+
+
 def load_function(spec: str) -> Callable[..., Any]:
-    """``MODULE:FUNCTION`` (importable) or ``PATH.py:FUNCTION`` (a script, by its path)."""
-    module_name, _, attribute = spec.rpartition(":")
-    if not module_name or not attribute:
-        raise argparse.ArgumentTypeError(
-            f"expected MODULE:FUNCTION or PATH.py:FUNCTION, got {spec!r}")
+    """``MODULE:FUNCTION`` (importable) or ``PATH.py:FUNCTION`` (a script, by its path);
+    FUNCTION may be dotted (``obj.attr``). Every way it can fail is an ArgumentTypeError
+    that says why, and where the module raised if importing it did."""
+    module_name, attribute = _split_spec(spec)
     try:
         with _stdout_to_stderr():   # standard output is for results only
-            if module_name.endswith(".py") or os.sep in module_name:
+            if _is_path(module_name):
                 target: Any = _import_script(module_name)
             else:
                 target = importlib.import_module(module_name)
-        for part in attribute.split("."):
+        parts = attribute.split(".")
+        for number, part in enumerate(parts):
+            if not hasattr(target, part):
+                owner = (f"module {module_name!r}" if number == 0
+                         else f"{module_name}:{'.'.join(parts[:number])}")
+                raise argparse.ArgumentTypeError(
+                    f"cannot load {spec!r}: {owner} has no attribute {part!r}"
+                    + _did_you_mean(part, target))
             target = getattr(target, part)
     except argparse.ArgumentTypeError:
         raise
-    except Exception as exc:  # the module's own code may raise anything while importing
+    # The module's own code may raise anything while importing; a script that parses its
+    # command line at import exits (SystemExit).
+    except (Exception, SystemExit) as exc:
+        why = (" (the module exits when it is imported: does it lack an "
+               "'if __name__ == \"__main__\":'?)" if isinstance(exc, SystemExit) else "")
         raise argparse.ArgumentTypeError(
-            f"cannot load {spec!r}: {type(exc).__name__}: {exc}") from exc
+            f"cannot load {spec!r}: {type(exc).__name__}: {exc}{why}" + _where(exc)) from exc
     if not callable(target):
-        raise argparse.ArgumentTypeError(f"{spec!r} is not callable")
+        raise argparse.ArgumentTypeError(
+            f"{spec!r} is not callable: it is {_a(type(target).__name__)}")
     return target  # type: ignore[no-any-return]
+
+
+def _is_path(module_name: str) -> bool:
+    return module_name.endswith(".py") or os.sep in module_name
+
+
+def _split_spec(spec: str) -> tuple[str, str]:
+    """MODULE and FUNCTION. A path may hold ':' (it is split at the last); a module name
+    cannot, so more than one there is a mistake (json:loads:x), not a module's name."""
+    module_name, colon, attribute = spec.rpartition(":")
+    problem = ("no ':'" if not colon
+               else "more than one ':'" if ":" in module_name and not _is_path(module_name)
+               else "nothing before ':'" if not module_name
+               else "nothing after ':'" if not attribute else None)
+    if problem is None:
+        return module_name, attribute
+    if not colon and "." in spec.strip(".") and not _is_path(spec):
+        problem += f"; did you mean {':'.join(spec.rsplit('.', 1))!r}?"
+    raise argparse.ArgumentTypeError(
+        f"{spec!r} is not MODULE:FUNCTION ({problem}): give {FUNCTION_FORMS}")
+
+
+def _did_you_mean(name: str, target: Any) -> str:
+    """Close names that can be called (not the modules a module imported)."""
+    try:
+        names = [n for n in dir(target) if not n.startswith("_") or name.startswith("_")]
+        close = [n for n in difflib.get_close_matches(name, names, n=6)
+                 if callable(getattr(target, n, None))][:3]
+    except Exception:   # a dir() or an attribute that raises: no suggestion
+        return ""
+    return f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1] in "aeiouAEIOU" else f"a {noun}"
+
+
+# Frames of a failed import that say nothing about the user's module: importlib's, ours,
+# and the standard library's (argparse's, in a script that parses its arguments).
+_NOT_THE_USERS = (importlib.__file__, __file__)
+_STANDARD_LIBRARY = os.path.dirname(os.__file__) + os.sep
+# At most this many of the user's frames, the last: where it raised, and what led there.
+_WHERE_FRAMES = 5
+
+
+def _where(exc: BaseException) -> str:
+    """Where importing the user's module raised, under the message: its frames (file, line,
+    code), without importlib's and ours, and for a SyntaxError the line it points at."""
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
+              if frame.filename not in _NOT_THE_USERS
+              and not frame.filename.startswith("<frozen importlib")
+              and not (frame.filename.startswith(_STANDARD_LIBRARY)
+                       and "-packages" + os.sep not in frame.filename)]
+    lines = traceback.StackSummary.from_list(frames[-_WHERE_FRAMES:]).format()
+    if isinstance(exc, SyntaxError):   # the file and line are the exception's, not a frame's
+        lines += traceback.format_exception_only(type(exc), exc)[:-1]
+    text = "".join(lines).rstrip("\n")
+    return "\n" + text if text else ""
 
 
 @contextlib.contextmanager
@@ -199,14 +276,15 @@ its input. An input stopped by --halt now or a signal gets no line (it did not f
 
 Inputs are the INPUT arguments, or the lines of FILE (-a) or standard input, read as
 the run goes (a pipeline streams). A line is passed as one string argument, without
-its line ending (\\n or \\r\\n); a blank line is an input too (the empty string), so
-output lines stay aligned with input lines.
+its line ending (\\n or \\r\\n), or as the value it parses into with --parse; a blank
+line is an input too (the empty string), so output lines stay aligned with input lines.
 
 Ctrl-C, SIGTERM and SIGHUP stop the run: every worker is ended, the lines of what
 finished are written, and one line on standard error says what was left.""",
         epilog=EXIT_STATUS_HELP + """
 examples:
-  seq 1 100 | python -m pool map math:factorial --unordered
+  seq 1 100 | python -m pool map math:factorial --parse int --unordered
+  printf '%s\\n' '[2, 10]' '[10, -1]' | python -m pool map math:pow --jsonl --json
   python -m pool map ./resize.py:resize -a images.txt --progress --joblog run.log
   python -m pool map ./resize.py:resize -a images.txt --joblog run.log --resume-failed
   find . -name '*.json' -print0 | python -m pool map -0 ./check.py:check --tag --halt now,fail=1
@@ -215,17 +293,24 @@ examples:
                             help="an importable module's function (os.path:getsize), or a "
                                  "script's (./script.py:func)")
     map_parser.add_argument("inputs", nargs="*", metavar="INPUT",
-                            help="inputs, each passed as a string (default: lines of "
-                                 "standard input); put -- before them if one starts with -")
+                            help="inputs, each passed as a string or as --parse says "
+                                 "(default: lines of standard input); put -- before them "
+                                 "if one starts with -")
     source = map_parser.add_argument_group("input")
     source.add_argument("-a", "--arg-file", metavar="FILE",
                         help="read the inputs from FILE instead of standard input")
     source.add_argument("-0", "--null", action="store_true",
                         help="inputs are separated by NUL bytes, not lines (find -print0)")
+    source.add_argument("--parse", choices=tuple(PARSERS), metavar="KIND",
+                        help="pass each input as KIND: str (the default: the text as it "
+                             "is), int, float, json (json.loads) or literal (a Python "
+                             "literal, by ast.literal_eval: numbers, strings, tuples, "
+                             "lists, dicts, sets, None, True, False); an input that does not "
+                             "parse fails without running (job log Outcome: invalid)")
     source.add_argument("--jsonl", action="store_true",
                         help="each line is JSON: a list is the positional arguments, an "
                              "object the keyword arguments, anything else the one argument; "
-                             "blank lines are skipped")
+                             "blank lines are skipped (no --parse: JSON is typed already)")
     out = map_parser.add_argument_group("output")
     out.add_argument("--unordered", action="store_true",
                      help="print each line as its input finishes (default: input order)")

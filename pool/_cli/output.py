@@ -6,6 +6,18 @@ Guarantees: each line on standard output is exactly one input's: line breaks ins
 result are written as ``\\n`` and ``\\r``. In the plain form a failed input's line starts
 with ``!`` and a result's never does: a result that starts with ``!`` gets a backslash
 before it. So ``grep -v '^!'`` keeps exactly the results. ``--json`` is lossless.
+
+``--json`` writes one object per input, on one line:
+``{"seq": N, "input": I, "ok": true, "value": V}`` or
+``{"seq": N, "input": I, "ok": false, "error": {"type": T, "message": M, "kind": K, ...}}``.
+``seq`` is the input's position (1-based). ``input`` is what the function was given: the
+line as read, or the value it was parsed into (``--parse``, ``--jsonl``); a line that could
+not be parsed, as read. ``value`` is the result, as JSON (its ``repr`` where JSON cannot
+hold it). ``type`` is the exception's class name (``WorkerDied``, ``TaskTimeout`` for a
+death or timeout); ``message`` is its message alone, ``str(exc)``, never repeating the type;
+``kind`` is the job log's Outcome: ``error``, ``died``, ``timeout`` or ``invalid`` (an input
+that could not be parsed, never run). ``exitcode``, ``signal`` and ``pid`` follow when
+known: 1 for an exception, a dead worker's exit code or signal (``SIGKILL`` for a timeout).
 """
 
 from __future__ import annotations
@@ -16,19 +28,26 @@ import time
 from typing import Any, Callable, NamedTuple, Protocol
 
 from .joblog import escape
-from .task import summary, to_json
+from .task import message, to_json
 from .._errors import TaskTimeout, WorkerDied, describe_exit
 
 
 class Failure(NamedTuple):
     """Why an input failed, in the terms the output and the job log use."""
     kind: str           # "error", "died", "timeout" or "invalid": the job log's Outcome
-    error_type: str     # "ValueError", "WorkerDied", ...
-    summary: str        # one line: "ValueError: invalid literal ..."
+    error_type: str     # "ValueError", "WorkerDied", ...: the job log's Error
+    message: str        # the message alone, as str(exc) gives it: "invalid literal ..."
     detail: str         # what stderr shows below the summary (traceback, crash report)
     exitcode: int | None = None   # 1 for an exception (as ``python`` exits), a death's code
     signal: str | None = None     # "SIGSEGV"; "SIGKILL" for a timeout
     pid: int | None = None
+
+    @property
+    def summary(self) -> str:
+        """For people, on one line: ``ValueError: invalid literal ...``, as Python shows
+        an exception (the type alone if the message is empty)."""
+        message = " ".join(self.message.split())
+        return f"{self.error_type}: {message}" if message else self.error_type
 
 
 def failure_of(error: BaseException) -> Failure:
@@ -37,19 +56,19 @@ def failure_of(error: BaseException) -> Failure:
         # A death by a signal has no exit code: the Signal column names the signal.
         code = error.exitcode if error.exitcode is not None and error.exitcode >= 0 else None
         return Failure("died", "WorkerDied",
-                              f"WorkerDied: worker pid {error.pid} died "
-                              f"({describe_exit(error.exitcode)})",
-                              without_our_frames(error.crash_report or ""), code,
-                              error.signal_name, error.pid)
+                       f"worker pid {error.pid} died ({describe_exit(error.exitcode)})",
+                       without_our_frames(error.crash_report or ""), code,
+                       error.signal_name, error.pid)
     if isinstance(error, TaskTimeout):
         where = ("Where it was when the time ran out:\n"
                  + without_our_frames(error.stack).rstrip()
                  if error.stack else "(the worker did not write its stack in time)")
         return Failure("timeout", "TaskTimeout",
-                              f"TaskTimeout: ran longer than {error.timeout:g} s "
-                              f"(worker pid {error.pid} killed)",
-                              where, None, "SIGKILL", error.pid)
-    return Failure("error", type(error).__name__, summary(error), str(error))
+                       f"ran longer than {error.timeout:g} s (worker pid {error.pid} killed)",
+                       where, None, "SIGKILL", error.pid)
+    text = message(error)
+    # The summary holds a one-line message whole: only more lines say more below it.
+    return Failure("error", type(error).__name__, text, text if "\n" in text.strip() else "")
 
 
 def without_our_frames(stack: str) -> str:
@@ -86,7 +105,7 @@ def json_result(seq: int, input_value: Any, value_json: str) -> str:
 
 
 def json_failure(seq: int, input_value: Any, failure: Failure) -> str:
-    error: dict[str, Any] = {"type": failure.error_type, "message": failure.summary,
+    error: dict[str, Any] = {"type": failure.error_type, "message": failure.message,
                              "kind": failure.kind}
     if failure.exitcode is not None:
         error["exitcode"] = failure.exitcode

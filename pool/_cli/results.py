@@ -8,10 +8,8 @@ that finished, with how they went.
 
 from __future__ import annotations
 
-from typing import Any
-
 from . import output
-from .inputs import Input
+from .inputs import Input, short
 from .joblog import Entry, escape
 from .lines import Lines, Messages
 from .output import Failure
@@ -43,8 +41,12 @@ class Results:
         self.failed += 1
         entry = Entry(item.seq, start, runtime, failure.kind, failure.exitcode,
                       failure.signal, failure.pid, attempts, failure.error_type, item.text)
-        self.note(f"pool map: input {item.seq} ({short(item.text)}) failed: {failure.summary}"
-                  + ("\n" + failure.detail.rstrip() if failure.detail else ""))
+        if failure.kind == "invalid":   # the message quotes the input already
+            self.note(f"pool map: input {item.seq}: {failure.message}")
+        else:
+            self.note(f"pool map: input {item.seq} ({short(item.text)}) failed: "
+                      f"{failure.summary}"
+                      + ("\n" + failure.detail.rstrip() if failure.detail else ""))
         if self.as_json:
             line = output.json_failure(item.seq, item.value, failure)
         else:
@@ -77,8 +79,3 @@ class Results:
     def clear_progress(self) -> None:
         if self.progress is not None:
             self.progress.clear()
-
-
-def short(text: Any, limit: int = 60) -> str:
-    shown = repr(text)
-    return shown if len(shown) <= limit else shown[:limit - 4] + "...'"

@@ -29,7 +29,8 @@ from typing import Any, Callable, NamedTuple
 class Report(NamedTuple):
     """How one input went, as the worker saw it."""
     ok: bool
-    text: str          # the value rendered (plain text or JSON), or "Type: message"
+    text: str          # the value rendered (plain text or JSON), or the exception's
+                       # message alone (``message``): its type is ``error_type``
     error_type: str    # the exception's class name, "" when ok
     detail: str        # the worker-side traceback, "" when ok or when it says no more
     output: str        # what the function printed
@@ -76,10 +77,10 @@ def _run_one(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, An
         output = _end_capture()
         below = exc.__traceback__.tb_next if exc.__traceback__ else None
         # The first frame is _run_one's: the user's traceback starts below it. Only a
-        # traceback with frames of the user's, or a chain, says more than the summary.
+        # traceback with frames of the user's, or a chain, says more than type and message.
         detail = ("".join(traceback.format_exception(type(exc), exc, below))
                   if below is not None or exc.__cause__ or exc.__context__ else "")
-        return Report(False, summary(exc), type(exc).__name__, detail, output,
+        return Report(False, message(exc), type(exc).__name__, detail, output,
                       os.getpid(), start, runtime)
     runtime = time.perf_counter() - clock
     output = _end_capture()
@@ -188,10 +189,9 @@ def _repr(value: Any) -> str:
         return f"<{type(value).__name__} object that cannot be shown>"
 
 
-def summary(exc: BaseException) -> str:
-    """``Type: message`` on one line."""
+def message(exc: BaseException) -> str:
+    """The exception's message, ``str(exc)``, without its type (that goes beside it)."""
     try:
-        message = " ".join(str(exc).split())
+        return str(exc)
     except Exception:  # a broken __str__ must not hide which input failed
-        message = "<the exception's message could not be rendered>"
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+        return "<the exception's message could not be rendered>"
