@@ -70,3 +70,19 @@ def test_readme_links_to_pages_that_exist():
     pages = {p.relative_to(ROOT).as_posix() for p in DOCS.rglob("*.rst")
              if "_build" not in p.parts and p.name != "index.rst"}
     assert sorted(pages - set(local)) == []
+
+
+@from_source_tree
+def test_every_install_line_names_the_distribution_not_the_taken_name():
+    # "pool" on the package index is another project: pip install pool fetches it.
+    texts = {path: path.read_text() for path in [ROOT / "README.rst", *DOCS.rglob("*.rst"),
+                                                *PACKAGE.rglob("*.py"),
+                                                *(ROOT / "benchmarks").glob("*.py")]}
+    installed = [(path.name, target) for path, text in texts.items()
+                 for target in re.findall(r"pip install (?:-q )?'?([\w.\[\]-]+)", text)]
+    assert installed
+    wrong = [(name, target) for name, target in installed
+             if target not in {".", "tox", "sturdypool", "sturdypool[dask]"}
+             and target.split("[")[0] in {"pool", "pool-executor"}]
+    assert not wrong, wrong
+    assert ("README.rst", "sturdypool") in installed
