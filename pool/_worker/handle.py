@@ -30,7 +30,7 @@ import threading
 import traceback
 from typing import Any, Callable, NamedTuple
 
-from .. import _compat
+from .. import _compat, _platform
 from .._wire import frames as _frames, limits as _limits, pipes as _pipes
 from . import teardown as _teardown
 from .._wire.frames import Frame, FrameReader, Kind
@@ -240,7 +240,8 @@ class WorkerHandle:
                                 crash_fd=None if crash_fd is None else InheritedFd(crash_fd),
                                 initializer=initializer,
                                 max_tasks=max_tasks, max_memory=max_memory,
-                                fds_to_close=to_close, forked=inherited_fds is not None)
+                                fds_to_close=to_close, forked=inherited_fds is not None,
+                                portable=_platform.PORTABLE)
             process = ctx.Process(target=worker_main, args=(setup,), name=name)
             with _compat.std_streams_left_unflushed():  # a blocked stdout must not block us
                 _start_holding_stop_signals(process, method)
