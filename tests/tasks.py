@@ -546,3 +546,40 @@ def slow_echo(x):
     """An input of ``python -m pool map`` that takes a while (the shake's)."""
     time.sleep(0.05)
     return x
+
+
+# Opens under /proc in this process, seen by an audit hook (test_platform): (pid, path), so
+# that a forked worker tells its own from those it inherited.
+_proc_opened: list[tuple[int, str]] = []
+_watching_proc = False
+
+
+def _note_proc(event, args):
+    if event in ("open", "os.listdir", "os.scandir") and args and isinstance(
+            args[0], (str, bytes, os.PathLike)):
+        path = os.fsdecode(args[0])
+        if path == "/proc" or path.startswith("/proc/"):
+            _proc_opened.append((os.getpid(), path))
+
+
+def watch_proc_opens():
+    """Note every open (or listing) under /proc in this process from now on. Also an
+    initializer: under fork the worker already has its parent's hook."""
+    global _watching_proc
+    if not _watching_proc:
+        import sys
+        sys.addaudithook(_note_proc)
+        _watching_proc = True
+
+
+def proc_opens():
+    return [path for pid, path in _proc_opened if pid == os.getpid()]
+
+
+def platform_facts(_=None):
+    """What a worker's ``pool._platform`` says, and what it opened under /proc."""
+    from pool import _platform
+    flags = ("PORTABLE", "PACKET_PIPES", "PIPE_RESIZE", "PROC", "UNREAD_ON_WRITE_END",
+             "MEMFD", "CPU_AFFINITY", "POLL_READER_GONE")
+    return {"pid": os.getpid(), "flags": {name: getattr(_platform, name) for name in flags},
+            "proc_opens": proc_opens()}
