@@ -4,7 +4,6 @@ per live worker its pid, tasks run, current task and memory; and ``idle_timeout`
 from __future__ import annotations
 
 import os
-import sys
 import threading
 
 import pytest
@@ -166,7 +165,8 @@ def test_a_snapshot_pickles_and_converts_to_a_dict(ctx):
     assert isinstance(as_dict["workers"], tuple)
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="tasks wait in a worker's pipe on Linux")
+@pytest.mark.skipif(not (_platform.PACKET_PIPES and _platform.PROC),
+                    reason="tasks wait in a worker's pipe on Linux (pool._platform)")
 def test_tasks_taken_back_from_a_pipe_then_cancelled_by_shutdown_end_cancelled(ctx):
     # Small tasks sent ahead behind a long one are marked running; once the pool has taken
     # them back (the long one ran 5 ms), shutdown's cancel_futures cancels them: they end
