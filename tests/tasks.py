@@ -552,9 +552,12 @@ def slow_echo(x):
 # that a forked worker tells its own from those it inherited.
 _proc_opened: list[tuple[int, str]] = []
 _watching_proc = False
+_test_reads_proc = False  # the test's own reads, not noted
 
 
 def _note_proc(event, args):
+    if _test_reads_proc:
+        return
     if event in ("open", "os.listdir", "os.scandir") and args and isinstance(
             args[0], (str, bytes, os.PathLike)):
         path = os.fsdecode(args[0])
@@ -574,6 +577,18 @@ def watch_proc_opens():
 
 def proc_opens():
     return [path for pid, path in _proc_opened if pid == os.getpid()]
+
+
+def is_stopped(pid):
+    """Whether the kernel shows ``pid`` stopped (the test's own read of /proc, not noted)."""
+    global _test_reads_proc
+    _test_reads_proc = True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            text = stat.read()
+    finally:
+        _test_reads_proc = False
+    return text[text.rindex(")") + 2] in "Tt"
 
 
 def platform_facts(_=None):

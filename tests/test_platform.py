@@ -60,6 +60,8 @@ with pool.ProcessPool(1, mp_context=CTX, initializer=tasks.watch_proc_opens,
     pid = p.submit(tasks.pid_of_worker).result(60)
     (handle,) = p._dispatcher._loop._workers.values()
     os.kill(pid, signal.SIGSTOP)
+    # (Until the kernel shows it stopped, an idle worker may still wake and read the call.)
+    assert helpers.wait_until(lambda: tasks.is_stopped(pid), 30)
     unread = p.submit(tasks.square, 7)
     assert helpers.wait_until(lambda: handle._unread_task_bytes() > 0, 30)  # written
     os.kill(pid, signal.SIGKILL)
