@@ -20,6 +20,7 @@ import multiprocessing
 import os
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
+from . import _platform
 from ._wire import pickling as _pickling
 from ._worker.main_guard import check_not_daemonic
 
@@ -123,7 +124,6 @@ def usable_cpu_count() -> int:
     count = getattr(os, "process_cpu_count", None)  # 3.13+: honours the affinity mask
     if count is not None:
         return count() or 1
-    try:
+    if _platform.CPU_AFFINITY:
         return len(os.sched_getaffinity(0)) or 1
-    except AttributeError:
-        return os.cpu_count() or 1
+    return os.cpu_count() or 1

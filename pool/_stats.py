@@ -20,6 +20,7 @@ import os
 import signal
 from dataclasses import dataclass, replace
 
+from . import _platform
 from ._errors import TaskInfo
 
 
@@ -156,8 +157,10 @@ _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def resident_bytes(pid: int) -> int | None:
-    """A process's resident set size from ``/proc`` (Linux); None where there is none, or
-    once the process is gone."""
+    """A process's resident set size from ``/proc`` (Linux); None where there is none
+    (``_platform.PROC``), or once the process is gone."""
+    if not _platform.PROC:
+        return None
     try:
         with open(f"/proc/{pid}/statm", "rb") as statm:
             return int(statm.read().split()[1]) * _PAGE_SIZE

@@ -97,16 +97,23 @@ def report(**facts):
 
 
 def run_script(body: str, method: str, tmp_path: Path, *, timeout: float = 90,
-               expect_exit: int | None = 0) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+               expect_exit: int | None = 0, env: dict[str, str | None] | None = None
+               ) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
     """Run a scenario in a child interpreter (as a script file, so that spawn and
     forkserver workers can import its ``__main__``) with a hard timeout; returns the
-    dict it passed to ``report()`` and the completed process."""
+    dict it passed to ``report()`` and the completed process. ``env``: variables to set
+    for it, or to remove (None)."""
     script = tmp_path / "scenario.py"
     guarded = "\nif __name__ == '__main__':\n" + textwrap.indent(textwrap.dedent(body), "    ")
     script.write_text(PRELUDE.format(tests=str(TESTS_DIR)) + guarded)
-    env = dict(os.environ, POOL_TEST_START_METHOD=method, PYTHONFAULTHANDLER="1")
+    child_env = dict(os.environ, POOL_TEST_START_METHOD=method, PYTHONFAULTHANDLER="1")
+    for name, value in (env or {}).items():
+        if value is None:
+            child_env.pop(name, None)
+        else:
+            child_env[name] = value
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=str(tmp_path))
+                          timeout=timeout, env=child_env, cwd=str(tmp_path))
     if expect_exit is not None:
         assert proc.returncode == expect_exit, (
             f"scenario exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}")

@@ -550,3 +550,55 @@ def slow_echo(x):
 
 def open_file(path):
     return open(path)  # noqa: SIM115 (returned on purpose: it cannot travel)
+
+
+# Opens under /proc in this process, seen by an audit hook (test_platform): (pid, path), so
+# that a forked worker tells its own from those it inherited.
+_proc_opened: list[tuple[int, str]] = []
+_watching_proc = False
+_test_reads_proc = False  # the test's own reads, not noted
+
+
+def _note_proc(event, args):
+    if _test_reads_proc:
+        return
+    if event in ("open", "os.listdir", "os.scandir") and args and isinstance(
+            args[0], (str, bytes, os.PathLike)):
+        path = os.fsdecode(args[0])
+        if path == "/proc" or path.startswith("/proc/"):
+            _proc_opened.append((os.getpid(), path))
+
+
+def watch_proc_opens():
+    """Note every open (or listing) under /proc in this process from now on. Also an
+    initializer: under fork the worker already has its parent's hook."""
+    global _watching_proc
+    if not _watching_proc:
+        import sys
+        sys.addaudithook(_note_proc)
+        _watching_proc = True
+
+
+def proc_opens():
+    return [path for pid, path in _proc_opened if pid == os.getpid()]
+
+
+def is_stopped(pid):
+    """Whether the kernel shows ``pid`` stopped (the test's own read of /proc, not noted)."""
+    global _test_reads_proc
+    _test_reads_proc = True
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            text = stat.read()
+    finally:
+        _test_reads_proc = False
+    return text[text.rindex(")") + 2] in "Tt"
+
+
+def platform_facts(_=None):
+    """What a worker's ``pool._platform`` says, and what it opened under /proc."""
+    from pool import _platform
+    flags = ("PORTABLE", "PACKET_PIPES", "PIPE_RESIZE", "PROC", "UNREAD_ON_WRITE_END",
+             "MEMFD", "CPU_AFFINITY", "POLL_READER_GONE")
+    return {"pid": os.getpid(), "flags": {name: getattr(_platform, name) for name in flags},
+            "proc_opens": proc_opens()}

@@ -10,6 +10,7 @@ import stat
 import pytest
 
 import pool
+from pool import _platform
 import tasks
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
@@ -47,7 +48,7 @@ def crash_files(p: pool.ProcessPool) -> list[str]:
             if h.crash_fd is not None]
 
 
-@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="no memfd_create here")
+@pytest.mark.skipif(not _platform.MEMFD, reason="no memfd_create here (or POOL_PORTABLE)")
 def test_crash_reports_are_anonymous_memory_never_a_file_on_disk(ctx):
     with pool.ProcessPool(1, mp_context=ctx) as p:
         worker = p.submit(tasks.pid_of_worker).result(60)
@@ -58,7 +59,7 @@ def test_crash_reports_are_anonymous_memory_never_a_file_on_disk(ctx):
 
 @pytest.mark.isolated
 def test_without_memfd_a_crash_report_is_a_private_file_unlinked_at_once(ctx, monkeypatch):
-    monkeypatch.delattr(os, "memfd_create", raising=False)
+    monkeypatch.setattr(_platform, "MEMFD", False)
     with pool.ProcessPool(1, mp_context=ctx) as p:
         p.submit(tasks.square, 2).result(60)
         (handle,) = p._dispatcher._loop._workers.values()

@@ -4,12 +4,12 @@ per live worker its pid, tasks run, current task and memory; and ``idle_timeout`
 from __future__ import annotations
 
 import os
-import sys
 import threading
 
 import pytest
 
 import pool
+from pool import _platform
 import tasks
 from helpers import process_exists, wait_until
 
@@ -63,8 +63,10 @@ def test_counts_are_exact_through_deaths_timeouts_chunks_cancels_and_stops(ctx, 
         assert running_ids == {f._task_id for f in blocked}
         for worker in stats.workers:
             assert worker.running_for is not None and worker.running_for >= 0
-            if sys.platform.startswith("linux"):
+            if _platform.PROC:
                 assert worker.rss is not None and worker.rss > 1 << 20
+            else:
+                assert worker.rss is None
 
         # Stopping a running task kills its worker: stopped, not a death.
         assert blocked[0].stop()
@@ -163,7 +165,8 @@ def test_a_snapshot_pickles_and_converts_to_a_dict(ctx):
     assert isinstance(as_dict["workers"], tuple)
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="tasks wait in a worker's pipe on Linux")
+@pytest.mark.skipif(not (_platform.PACKET_PIPES and _platform.PROC),
+                    reason="tasks wait in a worker's pipe on Linux (pool._platform)")
 def test_tasks_taken_back_from_a_pipe_then_cancelled_by_shutdown_end_cancelled(ctx):
     # Small tasks sent ahead behind a long one are marked running; once the pool has taken
     # them back (the long one ran 5 ms), shutdown's cancel_futures cancels them: they end

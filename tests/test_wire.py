@@ -12,6 +12,7 @@ import pytest
 from concurrent.futures.process import BrokenProcessPool
 
 import pool
+from pool import _platform
 import tasks
 from pool._wire import (exceptions as _exceptions, frames as _frames, pickling as _pickling,
                         pipes as _pipes)
@@ -290,7 +291,7 @@ def test_a_large_call_that_fails_to_unpickle_is_skipped_to_its_end():
         os.close(write_fd)
 
 
-@pytest.mark.skipif(_pipes._SETPIPE is None, reason="pipe sizes can be set on Linux only")
+@pytest.mark.skipif(not _platform.PIPE_RESIZE, reason="pipe sizes can be set on Linux only")
 def test_a_pipe_grows_for_a_large_frame_and_shrinks_back_before_a_small_one(pipe):
     import fcntl
     read_end, write_end = pipe
@@ -308,7 +309,8 @@ def test_a_pipe_grows_for_a_large_frame_and_shrinks_back_before_a_small_one(pipe
     assert fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ) == usual
 
 
-@pytest.mark.skipif(_pipes._SETPIPE is None, reason="packet-mode pipes are Linux only")
+@pytest.mark.skipif(not (_platform.PACKET_PIPES and _platform.PROC),
+                    reason="packet-mode pipes and a second reader are Linux only")
 def test_a_second_reader_takes_back_whole_frames_the_first_has_not_read():
     read_fd, write_fd = os.pipe()
     thief = _pipes.second_reader(read_fd)

@@ -34,7 +34,7 @@ import select
 import stat
 from typing import Callable
 
-from .. import _shake
+from .. import _platform, _shake
 from .joblog import Entry, Joblog
 from .write import WriteAbandoned, WriteFailed, write_or_give_up
 
@@ -200,9 +200,9 @@ class Messages:
 def _pipe_watch(fd: int) -> Callable[[], bool] | None:
     """On Linux, the write end of a pipe whose reader is gone polls as an error: the run
     then ends at once, not at its next line (``| head`` while long inputs run). Elsewhere
-    the closed pipe is found at the next write."""
+    (``_platform.POLL_READER_GONE``) the closed pipe is found at the next write."""
     try:
-        if not hasattr(select, "poll") or not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        if not _platform.POLL_READER_GONE or not stat.S_ISFIFO(os.fstat(fd).st_mode):
             return None
     except OSError:
         return None

@@ -37,7 +37,7 @@ from .pipes import PIPE_BUF
 # measured, about twice the no-op tasks/s of a depth of 1. Tasks queued behind one that
 # runs long are taken back from the pipe after _core.placement.RECLAIM_AFTER_SECONDS and run
 # elsewhere, so a task that hangs holds up no other. Where pipes have no packet mode (not
-# Linux), the depth is 1 whatever this says.
+# Linux, or POOL_PORTABLE: _platform.PACKET_PIPES), the depth is 1 whatever this says.
 PIPELINE_DEPTH = 8
 # Rule 1: the largest frame (header included) that may be sent ahead: one packet.
 PIPELINE_MAX_FRAME = PIPE_BUF

@@ -2,12 +2,14 @@
 large frames, what is still unread).
 
 Owns: nothing but these calls; each takes a descriptor its caller owns.
-Runs in: the dispatcher thread and its large-frame writer threads; ``set_packet_mode`` in
-the worker too.
-Guarantees: every call degrades to "not available" (False, None, 0, a no-op) where the
-platform lacks the mechanism, never to an exception.
-Assumes: Linux semantics where ``fcntl.F_SETPIPE_SZ`` exists: ``O_DIRECT`` pipes keep each
-write of at most ``PIPE_BUF`` bytes one packet, and FIONREAD answers on either end.
+Runs in: the dispatcher thread and its large-frame writer threads; ``PipeRoom`` in the
+worker too.
+Guarantees: every call degrades to "not available" (False, None, 0, a no-op) where
+``_platform`` says the mechanism is missing, or ``POOL_PORTABLE`` turned it off, never to
+an exception.
+Assumes: Linux semantics where ``_platform`` offers them: ``O_DIRECT`` pipes keep each
+write of at most ``PIPE_BUF`` bytes one packet (``PACKET_PIPES``), and FIONREAD answers on
+either end (``UNREAD_ON_WRITE_END``); elsewhere, on the read end only.
 """
 
 from __future__ import annotations
@@ -16,14 +18,13 @@ import array
 import os
 import termios
 
+from .. import _platform
 from .frames import HEADER, MAGIC
 
 try:
     import fcntl
-    _SETPIPE: int | None = fcntl.F_SETPIPE_SZ  # Linux only
-    _GETPIPE: int = fcntl.F_GETPIPE_SZ
-except (ImportError, AttributeError):
-    _SETPIPE = None
+except ImportError:  # not POSIX: every _platform flag below is False
+    pass
 
 
 # Linux's atomic pipe write, and the size of a packet in a packet-mode pipe.
@@ -39,12 +40,11 @@ def set_packet_mode(fd: int, on: bool) -> bool:
     the frames the worker has not read, never splitting one. Returns False where pipes have
     no packet mode.
     """
-    direct = getattr(os, "O_DIRECT", None)
-    if direct is None or _SETPIPE is None:  # not Linux
+    if not _platform.PACKET_PIPES:  # not Linux, or POOL_PORTABLE
         return False
     try:
         flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-        fcntl.fcntl(fd, fcntl.F_SETFL, (flags | direct) if on else (flags & ~direct))
+        fcntl.fcntl(fd, fcntl.F_SETFL, (flags | os.O_DIRECT) if on else (flags & ~os.O_DIRECT))
     except OSError:
         return False
     return True
@@ -54,6 +54,8 @@ def second_reader(read_fd: int) -> int | None:
     """A non-blocking read end of the same pipe, opened again through /proc. A dup would
     not do: the non-blocking flag belongs to the open file, which dups share, so
     ``read_fd`` would turn non-blocking too. None where /proc cannot do it."""
+    if not _platform.PROC:
+        return None
     try:
         return os.open(f"/proc/self/fd/{read_fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -62,10 +64,10 @@ def second_reader(read_fd: int) -> int | None:
 
 def pipe_capacity(fd: int) -> int | None:
     """The pipe's size in bytes, where it can be known (Linux)."""
-    if _SETPIPE is None:
+    if not _platform.PIPE_RESIZE:
         return None
     try:
-        return int(fcntl.fcntl(fd, _GETPIPE))
+        return int(fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ))
     except OSError:
         return None
 
@@ -96,7 +98,7 @@ class PipeRoom:
     against the user's ``pipe-user-pages-soft``, 64 MiB by default, shared by all their
     processes. So a pipe keeps it only while frames larger than ``LARGE_FRAME`` go through.
     It shrinks back before the next small frame, if the reader has emptied it by then.
-    Elsewhere than Linux this does nothing.
+    Elsewhere than Linux (or with ``POOL_PORTABLE``) this does nothing.
     """
 
     LARGE_FRAME = 256 << 10
@@ -111,15 +113,14 @@ class PipeRoom:
         if frame_bytes > self.LARGE_FRAME:
             usual = pipe_capacity(self.fd) if self._usual is None else None
             if usual is not None and usual < self.ROOM:
-                assert _SETPIPE is not None  # pipe_capacity knew the size: Linux
-                try:
-                    fcntl.fcntl(self.fd, _SETPIPE, self.ROOM)
+                try:  # pipe_capacity knew the size: PIPE_RESIZE
+                    fcntl.fcntl(self.fd, fcntl.F_SETPIPE_SZ, self.ROOM)
                     self._usual = usual
                 except OSError:
                     pass  # over the user's limit, or above pipe-max-size: stay as it is
-        elif self._usual is not None and _SETPIPE is not None:
+        elif self._usual is not None:  # it grew, so PIPE_RESIZE
             try:
-                fcntl.fcntl(self.fd, _SETPIPE, self._usual)
+                fcntl.fcntl(self.fd, fcntl.F_SETPIPE_SZ, self._usual)
                 self._usual = None
             except OSError:
                 pass  # EBUSY: it still holds more than that; try again next time
@@ -128,7 +129,9 @@ class PipeRoom:
 def unread_bytes(fd: int) -> int:
     """Bytes written into a pipe that its reader has not taken (0 where unknown).
 
-    Linux answers FIONREAD on either end of a pipe, even after the reader has exited.
+    FIONREAD answers on a pipe's read end everywhere. Linux also answers on the write end,
+    even after the reader has exited (``_platform.UNREAD_ON_WRITE_END``); BSD and macOS
+    answer 0 there, since each end has a buffer of its own and writes land in the other's.
     """
     try:
         count = array.array("i", [0])

@@ -1,9 +1,10 @@
 """The parent's handle on one worker process: start it, talk to it, end it.
 
 Owns: for one worker, its ``Process`` object and the parent's ends of its descriptors: the
-task pipe's write end, and on Linux a read end to take back tasks the worker has not read;
-the reply pipe's read end, non-blocking; the crash-report file; the process sentinel. Also
-the thread that writes a large frame, while one does.
+task pipe's write end, and a read end of it: on Linux a non-blocking one to take back tasks
+the worker has not read, elsewhere (``_platform``) a plain one that only tells how much is
+unread; the reply pipe's read end, non-blocking; the crash-report file; the process
+sentinel. Also the thread that writes a large frame, while one does.
 Runs in: the dispatcher thread only.
 Guarantees:
 - the dispatcher never blocks writing to a worker. Small frames always fit in the pipe. A
@@ -30,7 +31,7 @@ import threading
 import traceback
 from typing import Any, Callable, NamedTuple
 
-from .. import _compat
+from .. import _compat, _platform
 from .._wire import frames as _frames, limits as _limits, pipes as _pipes
 from . import teardown as _teardown
 from .._wire.frames import Frame, FrameReader, Kind
@@ -181,7 +182,7 @@ def _release_failed_start(exc: BaseException) -> None:
 class WorkerHandle:
     def __init__(self, process: Any, task_fd: int, reply_fd: int, crash_fd: int | None,
                  reclaim_fd: int | None, on_write_done: Callable[[], None],
-                 no_crash_file: str = "") -> None:
+                 no_crash_file: str = "", count_fd: int | None = None) -> None:
         self.process = process
         self.pid: int = process.pid
         self.sentinel: int = process.sentinel
@@ -190,6 +191,10 @@ class WorkerHandle:
         # taken back. None where pipes have no packet mode; then nothing waits in the pipe
         # behind the running task.
         self.reclaim_fd = reclaim_fd
+        # Where the write end cannot tell how much of the pipe is unread (BSD, macOS:
+        # ``_platform.UNREAD_ON_WRITE_END``) and there is no reclaim_fd to ask: the read
+        # end the worker was given, kept. Never read: it only answers FIONREAD.
+        self.count_fd = count_fd
         self.reader = FrameReader(reply_fd)
         self.crash_fd = crash_fd
         self._no_crash_file = no_crash_file  # why there is no crash_fd, if there is none
@@ -233,6 +238,9 @@ class WorkerHandle:
             crash_fd, no_crash_file = _teardown.make_crash_file()
             if crash_fd is not None:
                 opened.append(crash_fd)
+            # The worker's own read end, kept to count what it leaves unread (see count_fd).
+            count_fd = (task_r if reclaim_fd is None and not _platform.UNREAD_ON_WRITE_END
+                        else None)
             to_close = () if inherited_fds is None else (
                 task_w, reply_r, *([] if reclaim_fd is None else [reclaim_fd]), *inherited_fds)
             setup = WorkerSetup(task_fd=InheritedFd(task_r), reply_fd=InheritedFd(reply_w),
@@ -240,7 +248,8 @@ class WorkerHandle:
                                 crash_fd=None if crash_fd is None else InheritedFd(crash_fd),
                                 initializer=initializer,
                                 max_tasks=max_tasks, max_memory=max_memory,
-                                fds_to_close=to_close, forked=inherited_fds is not None)
+                                fds_to_close=to_close, forked=inherited_fds is not None,
+                                portable=_platform.PORTABLE)
             process = ctx.Process(target=worker_main, args=(setup,), name=name)
             with _compat.std_streams_left_unflushed():  # a blocked stdout must not block us
                 _start_holding_stop_signals(process, method)
@@ -248,10 +257,11 @@ class WorkerHandle:
             _teardown.close_fds(*opened)
             _release_failed_start(exc)
             raise
-        _teardown.close_fds(task_r, reply_w)  # the child's ends (it has its own copies)
+        # The child's ends (it has its own copies), but a task_r kept as count_fd.
+        _teardown.close_fds(None if count_fd is not None else task_r, reply_w)
         os.set_blocking(reply_r, False)
         handle = cls(process, task_w, reply_r, crash_fd, reclaim_fd, on_write_done,
-                     no_crash_file)
+                     no_crash_file, count_fd)
         if method == "forkserver":
             handle._forkserver = _compat.forkserver_pid()
         return handle
@@ -265,7 +275,7 @@ class WorkerHandle:
     def task_pipe_fds(self) -> list[int]:
         """The parent's descriptors of the task pipe. A forked child must close them all,
         or the worker would not see end of file when asked to stop."""
-        fds = [fd for fd in (self.task_fd, self.reclaim_fd) if fd is not None]
+        fds = [fd for fd in (self.task_fd, self.reclaim_fd, self.count_fd) if fd is not None]
         return fds + (self.writer.fds if self.writer is not None else [])
 
     def send(self, task_id: int, body: _frames.Buffers, frame_bytes: int) -> None:
@@ -337,10 +347,10 @@ class WorkerHandle:
     def close_task_pipe(self) -> None:
         """Ask the worker to stop: it exits when it reads end of file."""
         assert not self.outbox, "closing a task pipe with frames not yet written"
-        for fd in (self.task_fd, self.reclaim_fd):
+        for fd in (self.task_fd, self.reclaim_fd, self.count_fd):
             if fd is not None:
                 _teardown.close_fds(fd)
-        self.task_fd = self.reclaim_fd = None
+        self.task_fd = self.reclaim_fd = self.count_fd = None
 
     def signal(self, signum: int) -> None:
         _teardown.signal_worker(self.pid, signum)
@@ -390,14 +400,23 @@ class WorkerHandle:
         self.process = None
         return False
 
+    def _unread_task_bytes(self) -> int:
+        """What was written to the task pipe and not read; 0 once the pipe is closed."""
+        if self.task_fd is None:
+            return 0
+        if _platform.UNREAD_ON_WRITE_END:
+            return _pipes.unread_bytes(self.task_fd)
+        # A read end answers everywhere: the reclaim end, or the one kept to count.
+        read_end = self.reclaim_fd if self.reclaim_fd is not None else self.count_fd
+        return 0 if read_end is None else _pipes.unread_bytes(read_end)
+
     def _release(self, exitcode: int | None, group_left: tuple[int, ...],
                  ended_because: str = "") -> Exit:
-        unread = _pipes.unread_bytes(self.task_fd) if self.task_fd is not None else 0
+        unread = self._unread_task_bytes()
         if self.writer is not None:
-            # With our read end closed too, no reader is left: the thread sees EPIPE.
-            if self.reclaim_fd is not None:
-                _teardown.close_fds(self.reclaim_fd)
-                self.reclaim_fd = None
+            # With our read ends closed too, no reader is left: the thread sees EPIPE.
+            _teardown.close_fds(self.reclaim_fd, self.count_fd)
+            self.reclaim_fd = self.count_fd = None
             writer, self.writer = self.writer, None
             unread += writer.unwritten if writer.join(_WRITER_JOIN_SECONDS) else 1
         # Frames still queued were never written: as good as unread (they come last).

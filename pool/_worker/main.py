@@ -41,7 +41,7 @@ from multiprocessing import context as _context
 from multiprocessing import reduction
 from multiprocessing import util as _util
 
-from .. import _compat, _exit, _shake
+from .. import _compat, _exit, _platform, _shake
 from .._wire import exceptions as _exceptions, frames as _frames, pickling as _pickling
 from .._wire import pipes as _pipes
 from .streams import drop_inherited_output
@@ -205,7 +205,8 @@ class WorkerSetup:
     def __init__(self, *, task_fd: InheritedFd, reply_fd: InheritedFd, lifeline_fd: InheritedFd,
                  crash_fd: InheritedFd | None, initializer: Initializer | None,
                  max_tasks: int | None, max_memory: int | None,
-                 fds_to_close: tuple[int, ...], forked: bool = False) -> None:
+                 fds_to_close: tuple[int, ...], forked: bool = False,
+                 portable: bool = False) -> None:
         self.task_fd = task_fd
         self.reply_fd = reply_fd
         self.lifeline_fd = lifeline_fd
@@ -215,11 +216,15 @@ class WorkerSetup:
         self.max_memory = max_memory  # bytes of resident memory, or None
         self.fds_to_close = fds_to_close
         self.forked = forked  # started by fork: a copy of the parent, buffers and all
+        # The parent's POOL_PORTABLE, which the worker adopts: a forkserver started by a
+        # program that changed its environment since may have read another one.
+        self.portable = portable
 
 
 def worker_main(setup: WorkerSetup) -> None:
     """The ``target`` of every worker Process."""
     global _reply_fd
+    _platform.adopt(setup.portable)
     if setup.forked:
         drop_inherited_output()
     for fd in setup.fds_to_close:  # only under fork: the parent's other pool descriptors
@@ -357,13 +362,17 @@ def _serve(task_fd: int, reply_fd: int, max_tasks: int | None, max_memory: int |
 
 
 class _ResidentMemory:
-    """This process's resident set size, as cheaply as the platform allows."""
+    """This process's resident set size, as cheaply as the platform allows. Without /proc
+    (``_platform.PROC``), its peak: never less than the size, so a worker retires at least
+    whenever the size would have retired it."""
 
     def __init__(self) -> None:
-        try:
-            self._statm: int | None = os.open("/proc/self/statm", os.O_RDONLY)
-        except OSError:
-            self._statm = None  # not Linux: the peak, from getrusage
+        self._statm: int | None = None  # not Linux: the peak, from getrusage
+        if _platform.PROC:
+            try:
+                self._statm = os.open("/proc/self/statm", os.O_RDONLY)
+            except OSError:
+                pass
 
     def bytes(self) -> int:
         if self._statm is not None:

@@ -18,7 +18,7 @@ import os
 import tempfile
 from typing import Any
 
-from .. import _compat
+from .. import _compat, _platform
 
 _CRASH_REPORT_LIMIT = 64 * 1024
 
@@ -37,6 +37,8 @@ def signal_worker(pid: int, signum: int) -> None:
 def _stat_fields(pid: int) -> list[bytes] | None:
     """The fields of ``/proc/PID/stat`` after the command name (state, ppid, pgrp...);
     None if there is no such process (or no /proc)."""
+    if not _platform.PROC:
+        return None
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
@@ -46,8 +48,16 @@ def _stat_fields(pid: int) -> list[bytes] | None:
 
 
 def still_running(pid: int) -> bool:
-    """Whether the process exists and is not a zombie, from /proc (Linux). False where
-    there is no /proc: unknown."""
+    """Whether the process exists and is not a zombie, from /proc (Linux). Where there is
+    no /proc (``_platform.PROC``), whether it exists at all: a zombie counts."""
+    if not _platform.PROC:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass  # it exists, as another user's process
+        return True
     fields = _stat_fields(pid)
     return fields is not None and fields[0] != b"Z"
 
@@ -56,8 +66,8 @@ def live_group_members(pgid: int) -> list[int]:
     """Processes still running in process group ``pgid`` (zombies do not count).
 
     Cheap when the group is empty, the usual case: one ``killpg(pgid, 0)``. Otherwise the
-    members are found in /proc (Linux); elsewhere the group is only known to be non-empty
-    and ``[pgid]`` stands for it. Call it after the group's leader was reaped: while any
+    members are found in /proc (Linux); elsewhere (``_platform.PROC``) the group is only
+    known to be non-empty and ``[pgid]`` stands for it. Call it after the group's leader was reaped: while any
     member is left, the kernel keeps the id from being reused.
     """
     try:
@@ -66,7 +76,7 @@ def live_group_members(pgid: int) -> list[int]:
         return []
     except PermissionError:
         pass  # a member we may not signal: still a member
-    if not os.path.isdir("/proc/self"):
+    if not _platform.PROC:
         return [pgid]
     members = []
     for entry in os.listdir("/proc"):
@@ -142,17 +152,17 @@ _COMMAND_TASK_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspat
 
 def make_crash_file() -> tuple[int | None, str]:
     """An anonymous file for a worker's crash report, private to the pool's processes:
-    nothing is left on disk however we die. A ``memfd`` where the system has them: no
+    nothing is left on disk however we die. A ``memfd`` where the system has them
+    (``_platform.MEMFD``): no
     directory is involved, so a full or read-only temp directory does not matter. Else a
     temp file, mode 0600, unlinked at once.
 
     Returns ``(fd, "")``, or ``(None, why)`` when no file can be made. The worker then runs
     without one, and its death is explained without its stack. Running out of descriptors
     raises instead: then no worker can start at all, and the dispatcher retries later."""
-    memfd_create = getattr(os, "memfd_create", None)
-    if memfd_create is not None:
+    if _platform.MEMFD:
         try:
-            return memfd_create("pool-crash-report"), ""
+            return os.memfd_create("pool-crash-report"), ""
         except OSError as exc:
             if exc.errno in (errno.EMFILE, errno.ENFILE):
                 raise
