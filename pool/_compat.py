@@ -136,8 +136,8 @@ def death_cause(pid: int, exitcode: int | None) -> BaseException | None:
 
     Checked on 3.11, 3.12, 3.13, 3.14, 3.15 (before 3.15 the class is there, unused for
     deaths)."""
-    if sys.version_info < (3, 15):
-        return None
+    if sys.version_info < (3, 15) or exitcode in (None, 0):
+        return None  # (the stdlib names only processes with a non-zero exit code)
     from concurrent.futures import process
     remote_traceback = getattr(process, "_RemoteTraceback", None)
     if remote_traceback is None:

@@ -13,7 +13,8 @@ pool's executor with the stdlib's default start method. Once the last is undone,
 what they gave before, unless something else has replaced them since: that stays.
 Patching imports nothing of the executor: the class is imported at the first lookup.
 Assumes: ``concurrent.futures`` looks ``ProcessPoolExecutor`` up in ``.process`` on first
-use and keeps it as a global, through its module ``__getattr__`` (3.7 and later).
+use and keeps it as a global, through its module ``__getattr__`` (3.7 to 3.14) or an
+explicit lazy import (3.15, which has no ``__getattr__``: pool adds one while patched).
 ``.process`` has no ``__getattr__`` of its own on 3.11–3.14; one would be chained.
 """
 
@@ -138,6 +139,17 @@ def _take_over(process_module: ModuleType) -> None:
     # the package's own __getattr__, from .process, so from the function above.
     package.__dict__.pop(NAME, None)
     _saved["ours"] = __getattr__
+    # 3.15's package binds the name with an explicit lazy import (PEP 810) and has no
+    # __getattr__ of its own: one that asks .process stands in for it while patched.
+    _saved["package_getattr"] = package.__dict__.get("__getattr__", _MISSING)
+    if _saved["package_getattr"] is _MISSING:
+        def package_getattr(name: str) -> Any:
+            if name == NAME:
+                return getattr(process_module, NAME)
+            raise AttributeError(f"module {PACKAGE!r} has no attribute {name!r}")
+
+        package.__dict__["__getattr__"] = package_getattr
+        _saved["package_ours"] = package_getattr
 
 
 def _restore() -> None:
@@ -149,6 +161,9 @@ def _restore() -> None:
             del process_module.__dict__["__getattr__"]
         else:
             process_module.__dict__["__getattr__"] = _saved["getattr"]
+    if _saved.get("package_ours") is not None and \
+            package.__dict__.get("__getattr__") is _saved["package_ours"]:
+        del package.__dict__["__getattr__"]
     # Not imported if no lookup ever needed it; then no name holds it.
     patched = sys.modules.get(f"{__package__}._patched")
     ours = getattr(patched, NAME, None)

@@ -8,6 +8,7 @@ import gc
 import itertools
 import os
 import re
+import sys
 import threading
 import traceback
 import weakref
@@ -362,6 +363,11 @@ def test_an_open_file_is_refused_as_the_stdlib_refuses_it_not_sent_as_a_copy(ctx
         assert isinstance(in_closure, TypeError) and refused in str(in_closure), in_closure
         returned = p.submit(tasks.open_file, str(path)).exception(timeout=30)
         assert isinstance(returned, TypeError) and refused in str(returned), returned
+        # The standard streams still go, as the worker's own (cloudpickle's way). (The
+        # process's own: pytest's capture stands in for sys.stdout and sys.stderr here.)
+        stderr, stdout = sys.__stderr__, sys.__stdout__
+        assert p.submit(lambda: print("", end="", file=stderr) or 1).result(30) == 1
+        assert p.submit(print, "", end="", file=stdout).result(30) is None
         assert p.submit(tasks.square, 3).result(timeout=30) == 9
 
 

@@ -72,6 +72,7 @@ with pool.ProcessPool(2, mp_context=CTX) as p:
                          "type_name", "stage", "reason", "remote_traceback"):
                 if hasattr(error, attr):
                     outcome[attr] = getattr(error, attr)
+            outcome["context_suppressed"] = error.__suppress_context__
             cause = error.__cause__
             if cause is not None:
                 outcome["cause"] = {{"type": type(cause).__name__, "text": str(cause)}}
@@ -146,6 +147,8 @@ def test_a_death_fails_only_its_task_with_an_explanation(table, method, stage, e
                 f"{outcome['exitcode']}") in outcome["cause"]["text"]
     else:
         assert "cause" not in outcome, outcome["cause"]
+        # (No cause set at all: a None one would hide the caller's context.)
+        assert outcome["context_suppressed"] is False
 
 
 @pytest.mark.parametrize("method", START_METHODS)

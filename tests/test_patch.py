@@ -293,7 +293,8 @@ def test_patching_keeps_what_a_name_looked_up_before_gives(name, tmp_path):
         left = "ProcessPoolExecutor" in vars(concurrent.futures)
         print(looked_up, inside, after, left)
         """, tmp_path)
-    if name == "concurrent.futures":
+    # (3.15's package holds the name from its import on: an explicit lazy import.)
+    if name == "concurrent.futures" or sys.version_info >= (3, 15):
         assert proc.stdout.split() == ["True", "True", "True", "True"], proc.stderr
     else:
         assert proc.stdout.split() == ["False", "True", "True", "False"], proc.stderr

@@ -106,3 +106,12 @@ def test_positions_travel_as_they_were():
 
     assert facts(rebuilt.__traceback__) == facts(exc.__traceback__)
     assert ("Holder.method" in [fact[2] for fact in facts(rebuilt.__traceback__)])
+
+
+def test_positions_that_are_no_range_give_a_frame_without_carets_not_an_error():
+    # A worker's bytes are not trusted: an end before the start must not cost the
+    # exception its frames (compile() refuses such a tree).
+    code = _exceptions._stub_code(5, 5, 5, 2, 1)
+    assert [entry[2:] for entry in code.co_positions()
+            if entry[0] == 5] and all(entry[2] is None for entry in code.co_positions()
+                                      if entry[0] == 5)

@@ -107,7 +107,11 @@ def failure(action: Fail, info: TaskInfo) -> BaseException:
         return WorkerTerminated(exited.pid, exited.exitcode, info)
     died = WorkerDied(exited.pid, exited.exitcode, info, exited.crash_report,
                       exited.ended_because)
-    died.__cause__ = death_cause(exited.pid, exited.exitcode)
+    # Only where there is one: even a None cause would hide the context the caller's
+    # traceback shows (it sets __suppress_context__).
+    cause = death_cause(exited.pid, exited.exitcode)
+    if cause is not None:
+        died.__cause__ = cause
     return died
 
 

@@ -141,14 +141,23 @@ def _stub_code(lineno: int, start_line: Any, end_line: Any, column: Any,
     traceback names). Otherwise the instruction has the line alone: a column of -1 in
     the tree compiles to an entry without columns (3.11 to 3.15)."""
     import ast
+    unknown = dict(lineno=lineno, end_lineno=lineno, col_offset=-1, end_col_offset=-1)
     if start_line == lineno and None not in (end_line, column, end_column):
         where = dict(lineno=lineno, end_lineno=end_line, col_offset=column,
                      end_col_offset=end_column)
     else:
-        where = dict(lineno=lineno, end_lineno=lineno, col_offset=-1, end_col_offset=-1)
+        where = unknown
+    try:
+        return compile(_stub_tree(ast, where), "<pool remote frame>", "exec",
+                       dont_inherit=True)
+    except ValueError:  # positions that are no range (a worker's bytes): no carets
+        return compile(_stub_tree(ast, unknown), "<pool remote frame>", "exec",
+                       dont_inherit=True)
+
+
+def _stub_tree(ast: Any, where: dict[str, Any]) -> Any:
     name = ast.Name(id=_STUB_NAME, ctx=ast.Load(), **where)
-    tree = ast.Module(body=[ast.Expr(value=name, **where)], type_ignores=[])
-    return compile(tree, "<pool remote frame>", "exec", dont_inherit=True)
+    return ast.Module(body=[ast.Expr(value=name, **where)], type_ignores=[])
 
 
 class _ExceptionPickler(pickle.Pickler):

@@ -15,6 +15,7 @@ Assumes: a ``Borrow``'s buffers are written before the value they borrow from ch
 from __future__ import annotations
 
 import pickle
+import sys
 import threading
 from typing import Any
 
@@ -40,6 +41,11 @@ def by_value_pickler() -> type[Any]:
         import cloudpickle
 
         def refuse(obj: Any) -> Any:
+            # The standard streams, as a closure or a print(file=) keyword holds them, go
+            # as cloudpickle sends them: as the worker's own stream of that name.
+            for name in ("stdout", "stderr"):
+                if obj is getattr(sys, name) or obj is getattr(sys, f"__{name}__"):
+                    return getattr, (sys, name)
             cls = type(obj)
             raise TypeError(f"cannot pickle '{cls.__module__}.{cls.__qualname__}' object")
 
