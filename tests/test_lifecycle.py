@@ -40,7 +40,7 @@ def settled(p, name):
 with pool.ProcessPool(2, mp_context=CTX) as p:
     p.submit(tasks.exit_hard, 3).exception(60)        # one death so every path has run
     warm = settled(p, "gate-warm")
-    deaths = [p.submit(tasks.exit_hard, 3) for _ in range(1000)]
+    deaths = [p.submit(tasks.exit_hard, 3) for _ in range(DEATHS)]
     died = sum(isinstance(f.exception(120), pool.WorkerDied) for f in deaths)
     after = settled(p, "gate-after")
 report(died=died, fds_warm=warm[0], fds_after=after[0], kids_warm=warm[1],
@@ -51,8 +51,13 @@ report(died=died, fds_warm=warm[0], fds_after=after[0], kids_warm=warm[1],
 @pytest.mark.timeout(420)  # spawn needs ~45 s on an idle 2-core machine
 @pytest.mark.parametrize("method", START_METHODS)
 def test_a_thousand_deaths_leave_no_descriptors_or_children(method, tmp_path):
-    facts, _ = run_script(THOUSAND_DEATHS, method, tmp_path, timeout=400)
-    assert facts["died"] == 1000
+    # A thousand on every start method; spawn (an interpreter start per death, ~40 s) runs
+    # the thousand on the newest Python and 250 on the others, where a descriptor or child
+    # kept per death shows as plainly.
+    deaths = 250 if method == "spawn" and sys.version_info < (3, 15) else 1000
+    facts, _ = run_script(f"DEATHS = {deaths}\n" + THOUSAND_DEATHS, method, tmp_path,
+                          timeout=400)
+    assert facts["died"] == deaths
     assert facts["fds_after"] == facts["fds_warm"]
     assert facts["server_after"] == facts["server_warm"]
     # Under fork and spawn the workers are our children; under forkserver, the server's.
