@@ -47,10 +47,16 @@ def two_idle_workers(p: pool.ProcessPool) -> list[int]:
 
 
 def test_the_timeout_of_a_task_whose_worker_is_stopped_still_fires(ctx):
+    # The worker must be stopped before its timeout fires, or it writes its stack as any
+    # worker does: seeing it run, stopping it and seeing it stopped took over 0.5 s once
+    # with two suites running at once (CI), so the timeout leaves room for that.
+    timeout = 3.0
     with pool.ProcessPool(1, mp_context=ctx) as p:
-        future = p.schedule(tasks.sleep_then, (60,), timeout=0.5)
+        started = time.monotonic()
+        future = p.schedule(tasks.sleep_then, (60,), timeout=timeout)
         worker = running_worker(p)
         stop(worker)
+        assert time.monotonic() - started < timeout, "stopped too late to test anything"
         error = future.exception(60)
         assert isinstance(error, pool.TaskTimeout)
         assert "did not write its stack" in str(error)  # a stopped process cannot
