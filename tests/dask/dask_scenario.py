@@ -24,6 +24,15 @@ START_METHOD = os.environ["POOL_TEST_START_METHOD"]
 HERE = Path.cwd()
 
 
+def gone(pid):
+    """The process has exited (a zombie counts: only its parent's reaping is left). It may
+    go between asking whether it exists and asking its state."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def wait_for(path, timeout=30.0):
     """Block until ``path`` exists (tasks and the script meet through files, not sleeps)."""
     deadline = time.monotonic() + timeout

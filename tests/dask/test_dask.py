@@ -244,14 +244,10 @@ def test_removing_the_plugin_puts_threads_back_at_once_and_lets_running_tasks_fi
         (HERE / "fault-done").write_text("")
         result = running.result()
         deadline = time.monotonic() + 30
-        while psutil.pid_exists(pool_pid) and time.monotonic() < deadline:
-            if psutil.Process(pool_pid).status() == "zombie":
-                break
+        while not gone(pool_pid) and time.monotonic() < deadline:
             time.sleep(0.01)
         report(worker_pid=worker_pid, result=result, during=during,
-               still_running=still_running,
-               pool_gone=not psutil.pid_exists(pool_pid) or
-                         psutil.Process(pool_pid).status() == "zombie")
+               still_running=still_running, pool_gone=gone(pool_pid))
     """, tmp_path)
     assert facts["during"] == facts["worker_pid"]
     assert facts["still_running"]  # the removal did not wait for it, nor end it
@@ -436,8 +432,7 @@ def test_closing_the_cluster_mid_task_ends_the_task_and_every_process(tmp_path, 
         client.close()
         c.close()
         report(pool_pid=pool_pid, close_seconds=time.monotonic() - started,
-               pool_gone=not psutil.pid_exists(pool_pid) or
-                         psutil.Process(pool_pid).status() == "zombie")
+               pool_gone=gone(pool_pid))
     """), tmp_path, timeout=60)
     assert facts["pool_gone"], facts
     assert facts["close_seconds"] < 30, facts  # (a hang check: the task would run 60 s)
