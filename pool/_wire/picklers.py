@@ -34,7 +34,6 @@ def by_value_pickler() -> type[Any]:
     base is cloudpickle's (a worker whose tasks go by reference never imports it)."""
     global _ByValuePickler
     if _ByValuePickler is None:
-        import copyreg
         import io
         from collections import ChainMap
 
@@ -50,8 +49,9 @@ def by_value_pickler() -> type[Any]:
             raise TypeError(f"cannot pickle '{cls.__module__}.{cls.__qualname__}' object")
 
         class ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
+            # (cloudpickle's table already chains copyreg's.)
             dispatch_table = ChainMap({io.TextIOWrapper: refuse},
-                                      cloudpickle.Pickler.dispatch_table, copyreg.dispatch_table)
+                                      cloudpickle.Pickler.dispatch_table)
 
         _ByValuePickler = ByValuePickler
     return _ByValuePickler
