@@ -67,8 +67,8 @@ def live_group_members(pgid: int) -> list[int]:
 
     Cheap when the group is empty, the usual case: one ``killpg(pgid, 0)``. Otherwise the
     members are found in /proc (Linux); elsewhere (``_platform.PROC``) the group is only
-    known to be non-empty and ``[pgid]`` stands for it. Call it after the group's leader was reaped: while any
-    member is left, the kernel keeps the id from being reused.
+    known to be non-empty and ``[pgid]`` stands for it. Call it after the group's leader
+    was reaped: while any member is left, the kernel keeps the id from being reused.
     """
     try:
         os.killpg(pgid, 0)
