@@ -28,6 +28,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ._latch import join_interruptibly
+from ._locks import InterruptSafeLock
 
 logger = logging.getLogger("pool")
 
@@ -60,7 +61,7 @@ class CallbackRunner:
     def __init__(self, name: str) -> None:
         self._name = name
         self._queue: queue.SimpleQueue[Future[Any] | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        self._lock = InterruptSafeLock()
         self._threads: list[threading.Thread] = []
         self._idle = 0      # threads waiting for a future
         self._backlog = 0   # futures queued and not yet taken by a thread

@@ -29,8 +29,8 @@ from typing import Any, Callable, Generator, TypeGuard, TypeVar
 
 from . import _compat, _shake
 from ._callbacks import run_callbacks, runner_of_this_thread
-from ._compat import RLock
 from ._latch import Latch
+from ._locks import InterruptSafeLock
 
 T = TypeVar("T")
 
@@ -49,7 +49,8 @@ class PoolFuture(Future[T]):
     Its state lives where ``Future`` keeps it: ``_state``, ``_result``, ``_exception``,
     ``_waiters``, ``_done_callbacks``. One C lock guards it, ``_lock``. It is an RLock, as
     ``Future``'s is, so a signal handler may ``cancel()`` a future while the stdlib's
-    ``wait()`` holds its lock on the same thread. ``Future.__init__`` would build a
+    ``wait()`` holds its lock on the same thread; and an ``InterruptSafeLock``, so that a
+    Ctrl-C in ``cancel()`` cannot leave it taken for the dispatcher. ``Future.__init__`` would build a
     ``threading.Condition`` around it: a dozen Python objects for every task, which the
     cyclic GC then walks. Here that condition is made, over the same lock, only when code
     outside this class asks for ``_condition``: the stdlib's ``wait`` and ``as_completed``,
@@ -67,7 +68,7 @@ class PoolFuture(Future[T]):
     _made_condition: threading.Condition | None = None
 
     def __init__(self) -> None:  # not Future.__init__: see the class docstring
-        self._lock = RLock()  # the C type itself: threading.RLock is a Python function
+        self._lock = InterruptSafeLock()  # a C RLock: threading.RLock is a Python function
         self._state = PENDING
         self._result: Any = None
         self._exception: BaseException | None = None

@@ -21,7 +21,6 @@ import collections
 import contextlib
 import functools
 import itertools
-import threading
 import time
 from concurrent.futures import Future
 from typing import Any, Callable, Iterable, Iterator, Sized
@@ -30,6 +29,7 @@ from ._wire import pickling as _pickling
 from ._dispatcher.commands import EncodedCall
 from ._errors import ArgumentPicklingError, copy_error
 from ._futures import PoolFuture, failed_future
+from ._latch import Latch
 from ._progress import Progress
 from ._worker.main import process_chunk, process_items
 
@@ -138,8 +138,8 @@ def calls_through_submit(fn: Callable[..., Any], iterables: tuple[Iterable[Any],
                 # The result is handed on once the callbacks added in ``submit`` have run:
                 # done-callbacks run in order, on one thread, and this one is added last.
                 # A progress bar that counts them is then up to date when map ends.
-                ran = threading.Event()
-                future.add_done_callback(functools.partial(_set_event, ran))
+                ran = Latch()  # not an Event: see _result_or_cancel
+                future.add_done_callback(functools.partial(_set_latch, ran))
                 future._callbacks_ran = ran  # type: ignore[attr-defined]
                 futures.append(future)
         return futures
@@ -158,8 +158,8 @@ def _cancelled_if_interrupted(futures: list[PoolFuture[Any]]) -> Iterator[None]:
         raise
 
 
-def _set_event(event: threading.Event, _future: Future[Any]) -> None:
-    event.set()
+def _set_latch(latch: Latch, _future: Future[Any]) -> None:
+    latch.set()
 
 
 def one_by_one(submit_group: SubmitGroup) -> SubmitBatch:
@@ -250,9 +250,11 @@ def _result_or_cancel(future: Future[Any], timeout: float | None) -> Any:
             future.cancel()
             raise
         finally:
-            ran = getattr(future, "_callbacks_ran", None)  # set by calls_through_submit
-            while ran is not None and future.done() and not ran.wait(0.25):
-                pass  # in slices: a Ctrl-C is not held up
+            # Set by calls_through_submit. A latch: a Ctrl-C in this wait cannot leave a
+            # lock taken for the callback thread that sets it (an Event's could).
+            ran = getattr(future, "_callbacks_ran", None)
+            if ran is not None and future.done():
+                ran.wait()
     finally:
         del future  # break the reference cycle with the exception's traceback
 

@@ -21,9 +21,10 @@ explicit lazy import (3.15, which has no ``__getattr__``: pool adds one while pa
 from __future__ import annotations
 
 import sys
-import threading
 from types import ModuleType, TracebackType
 from typing import Any
+
+from ._locks import InterruptSafeLock
 
 NAME = "ProcessPoolExecutor"
 PROCESS_MODULE = "concurrent.futures.process"
@@ -35,7 +36,7 @@ PACKAGE = "concurrent.futures"
 # does nothing.
 ENVIRONMENT_VARIABLE = "POOL_PATCH"
 
-_lock = threading.Lock()
+_lock = InterruptSafeLock()
 _depth = 0              # active Patch handles (nested patch() calls undo in turn)
 _saved: dict[str, Any] = {}
 _MISSING = object()

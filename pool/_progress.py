@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable, Iterator, Protocol, TypeVar, Union, 
 from . import _compat
 from ._futures import PoolFuture
 from ._latch import Latch
+from ._locks import InterruptSafeLock
 
 # The future type given is the one yielded: pool futures come back as PoolFuture, with
 # stop() and the rest of their API in a type checker's view.
@@ -69,12 +70,14 @@ class Progress:
             update = target
         self._update: Callable[[int], object] = update
         self._counts: queue.SimpleQueue[int] = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        self._lock = InterruptSafeLock()
         self._outstanding = 0       # futures tracked whose count is not yet delivered
         self._thread: threading.Thread | None = None
         self._drained: Latch | None = None
         self._silent = False        # finished early, or the object raised: not called again
-        self._hurry = threading.Event()  # set by finish(): deliver the last counts at once
+        # Set by finish(): deliver the last counts at once. A latch, not an Event: a Ctrl-C
+        # in finish() could leave an Event's lock taken, and this thread stuck on it.
+        self._hurry = Latch()
 
     def track(self, future: Future[Any], items: int) -> None:
         """Count ``items`` once ``future`` is done (unless it was cancelled)."""

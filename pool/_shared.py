@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import threading
 import weakref
 from concurrent.futures import Executor
 from types import TracebackType
@@ -40,6 +39,7 @@ from ._errors import SharedPoolConflict, _safe_repr, callable_name
 from ._executor import ProcessPool, _means_stop
 from ._futures import PoolFuture
 from ._latch import Latch
+from ._locks import InterruptSafeLock
 from ._options import POOL_DEFAULT, default_context, usable_cpu_count
 from ._progress import ProgressTarget
 
@@ -89,7 +89,7 @@ class _Entry:
         return dispatcher.broken_error is not None or dispatcher.closing
 
 
-_lock = threading.Lock()  # guards _current and every _Entry.leases; held briefly, by callers
+_lock = InterruptSafeLock()  # guards _current and every _Entry.leases; held briefly, by callers
 _current: _Entry | None = None
 _defaults: dict[str, Any] = {}  # ProcessPool's, with the shared idle_timeout (first call)
 
@@ -155,7 +155,7 @@ class Lease(Executor):
         self._entry = entry
         self._pool = entry.pool
         self._pid = os.getpid()
-        self._lock = threading.Lock()  # guards the attributes below; never held while waiting
+        self._lock = InterruptSafeLock()  # guards the attributes below; never held while waiting
         self._closed = False
         self._late: Callable[[PoolFuture[Any]], object] | None = None  # for late futures
         self._submitting = 0           # submissions between the check and their future
@@ -345,7 +345,7 @@ def _forget_in_child() -> None:
     fork); the copy's finalizer is detached, so that dropping the copy sends the parent's
     dispatcher nothing. The child's first ``shared()`` makes a pool of its own."""
     global _lock, _current
-    _lock = threading.Lock()
+    _lock = InterruptSafeLock()
     if _current is not None:
         _current.pool._finalizer.detach()
         _current = None

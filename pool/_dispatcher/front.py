@@ -37,6 +37,7 @@ from .._errors import TaskInfo, copy_error
 from .._callbacks import CallbackRunner
 from .._futures import PoolFuture
 from .._latch import Latch
+from .._locks import InterruptSafeLock
 from .._stats import Counters, PoolStats
 from .._wire import limits
 from .._wire.frames import HEADER, Buffers, size_of
@@ -93,7 +94,7 @@ class Dispatcher:
         limits.check_pipeline(pipeline_depth)
         self.name = f"pool-dispatcher-{next(_dispatcher_numbers)}"
         self._timeouts = timeouts
-        self._lock = threading.Lock()
+        self._lock = InterruptSafeLock()  # callers and the loop take it: see _locks
         self._admission = Admission.OPEN
         self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._cancels: queue.SimpleQueue[int] = queue.SimpleQueue()  # see cancelled()
