@@ -17,6 +17,28 @@ TESTS_DIR = Path(__file__).resolve().parent
 REPO_DIR = TESTS_DIR.parent
 START_METHODS = ("fork", "forkserver", "spawn")
 
+# The volume tests (a thousand deaths, 256 workers, the soak, the stress batch) run in full
+# for some start methods on each Python, so that across the tox matrix every method meets
+# them in full on at least one Python, and the newest on all three; elsewhere they run
+# shortened, or not at all where a smaller run would not test their point (256 workers:
+# more descriptors than select() can watch). One suite then takes a fifth less CPU, and
+# the matrix fits CI's half hour. POOL_FULL_VOLUME=1 runs all of them in full.
+FULL_VOLUME_METHODS = {
+    "3.11": ("fork",),
+    "3.12": ("forkserver",),  # CI runs 3.12 on the portable path (POOL_PORTABLE=1)
+    "3.13": ("fork",),
+    "3.14": ("forkserver",),  # its default method
+    "3.15": START_METHODS,
+}
+
+
+def full_volume(method: str) -> bool:
+    """Whether this Python runs the volume tests in full for ``method``."""
+    if os.environ.get("POOL_FULL_VOLUME") == "1":
+        return True
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return method in FULL_VOLUME_METHODS.get(python, START_METHODS)
+
 
 def _live_processes() -> list[tuple[int, int, int, int]]:
     """(pid, parent pid, process group, session) of every live (non-zombie) process, from

@@ -17,7 +17,8 @@ import pytest
 import pool
 import tasks
 from pool._core.start_failures import MAX_START_FAILURES
-from helpers import TESTS_DIR, START_METHODS, process_exists, run_script, wait_until
+from helpers import (TESTS_DIR, START_METHODS, full_volume, process_exists, run_script,
+                     wait_until)
 
 THOUSAND_DEATHS = '''
 def fds():
@@ -51,10 +52,9 @@ report(died=died, fds_warm=warm[0], fds_after=after[0], kids_warm=warm[1],
 @pytest.mark.timeout(420)  # spawn needs ~45 s on an idle 2-core machine
 @pytest.mark.parametrize("method", START_METHODS)
 def test_a_thousand_deaths_leave_no_descriptors_or_children(method, tmp_path):
-    # A thousand on every start method; spawn (an interpreter start per death, ~40 s) runs
-    # the thousand on the newest Python and 250 on the others, where a descriptor or child
-    # kept per death shows as plainly.
-    deaths = 250 if method == "spawn" and sys.version_info < (3, 15) else 1000
+    # A thousand where this Python runs the method in full (helpers.full_volume); 150
+    # elsewhere, where a descriptor or child kept per death shows as plainly.
+    deaths = 1000 if full_volume(method) else 150
     facts, _ = run_script(f"DEATHS = {deaths}\n" + THOUSAND_DEATHS, method, tmp_path,
                           timeout=400)
     assert facts["died"] == deaths

@@ -7,22 +7,24 @@ from __future__ import annotations
 import os
 import resource
 import signal
-import sys
 
 import pytest
 
 import pool
 import tasks
-from helpers import open_fds, process_exists, wait_until
+from helpers import START_METHODS, full_volume, open_fds, process_exists, wait_until
 
 WORKERS = 256
 DESCRIPTORS = WORKERS * 8 + 256
 
 
 @pytest.mark.isolated
-# (spawn takes 17 s to start 256 interpreters on 2 cores: there, on the newest Python only)
-@pytest.mark.parametrize("start_method", ["fork", "forkserver", pytest.param(
-    "spawn", marks=pytest.mark.skipif(sys.version_info < (3, 15), reason="run on 3.15"))])
+# (Only where this Python runs the method's volume tests in full: helpers.full_volume. A
+# smaller pool would not show what it is for, more descriptors than select() watches.)
+@pytest.mark.parametrize("start_method", [
+    pytest.param(method, marks=pytest.mark.skipif(
+        not full_volume(method), reason="in full on another Python (helpers.full_volume)"))
+    for method in START_METHODS])
 @pytest.mark.timeout(600)
 def test_a_pool_of_256_workers_starts_runs_loses_workers_and_shuts_down(start_method,
                                                                         tmp_path):

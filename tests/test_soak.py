@@ -10,14 +10,15 @@ import sys
 
 import pytest
 
-from helpers import REPO_DIR, START_METHODS
+from helpers import REPO_DIR, START_METHODS, full_volume
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("method", START_METHODS)
 def test_a_short_soak_loses_nothing_doubles_nothing_and_leaves_nothing(method):
+    seconds = "4" if full_volume(method) else "1.5"
     proc = subprocess.run([sys.executable, str(REPO_DIR / "benchmarks" / "soak.py"),
-                           "--seconds", "4", "--start-method", method, "--json"],
+                           "--seconds", seconds, "--start-method", method, "--json"],
                           capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-4000:]
     figures = json.loads(proc.stdout.splitlines()[-1])

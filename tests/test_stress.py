@@ -13,6 +13,7 @@ import pytest
 
 import pool
 import tasks
+from helpers import full_volume
 
 
 @pytest.mark.stress
@@ -21,10 +22,11 @@ def test_random_deaths_fail_only_their_own_tasks(ctx, request):
     seconds = request.config.getoption("--stress-seconds")
     deadline = time.monotonic() + seconds
     seed_base, totals = 0, {"deaths": 0, "outside kills": 0}
+    batch = 3000 if seconds or full_volume(ctx.get_start_method()) else 1000
     while True:
-        for key, count in _one_batch(ctx, seed_base, 3000).items():
+        for key, count in _one_batch(ctx, seed_base, batch).items():
             totals[key] += count
-        seed_base += 3000
+        seed_base += batch
         if time.monotonic() >= deadline:
             break
     print(f"\nstress[{ctx.get_start_method()}]: {seed_base} tasks, {totals['deaths']} "
