@@ -50,9 +50,9 @@ class PoolFuture(Future[T]):
     ``_waiters``, ``_done_callbacks``. One C lock guards it, ``_lock``. It is an RLock, as
     ``Future``'s is, so a signal handler may ``cancel()`` a future while the stdlib's
     ``wait()`` holds its lock on the same thread; and an ``InterruptSafeLock``, so that a
-    Ctrl-C in ``cancel()`` cannot leave it taken for the dispatcher. ``Future.__init__`` would build a
-    ``threading.Condition`` around it: a dozen Python objects for every task, which the
-    cyclic GC then walks. Here that condition is made, over the same lock, only when code
+    Ctrl-C in ``cancel()`` cannot leave it taken for the dispatcher. ``Future.__init__``
+    would build a ``threading.Condition`` around it: a dozen Python objects for every task,
+    which the cyclic GC then walks. Here that condition is made, over the same lock, only when code
     outside this class asks for ``_condition``: the stdlib's ``wait`` and ``as_completed``,
     or ``Future``'s own methods called on it.
     """

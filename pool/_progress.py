@@ -90,7 +90,8 @@ class Progress:
         count = self._counts.put
 
         def counted(f: Future[Any]) -> None:
-            count(0 if _compat.done_future_cancelled(f) else items)  # reads no lock: a done future's state is final
+            # (Reads no lock: a done future's state is final.)
+            count(0 if _compat.done_future_cancelled(f) else items)
 
         if isinstance(future, PoolFuture):
             # No hop through a callback thread: the pool's futures are resolved by its

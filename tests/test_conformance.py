@@ -17,7 +17,7 @@ import pytest
 
 import pool
 import tasks
-from helpers import process_exists
+from helpers import process_exists, wait_until
 
 
 def test_is_an_executor_and_the_alias_is_the_same_class():
@@ -457,10 +457,12 @@ def test_the_stdlibs_private_attributes_that_code_reads(ctx, tmp_path):
     assert p._max_workers == 2 and p._mp_context is ctx and p._broken is False
     assert p._processes == {} and p._executor_manager_thread is None  # nothing started yet
     gate = tmp_path / "gate"
-    futures = [p.submit(tasks.wait_for_file, str(gate), i) for i in range(2)]
+    futures = [p.submit(tasks.started_then, str(tmp_path), i, "wait") for i in range(2)]
     assert len(p._processes) == 2  # as the stdlib: the workers started for them are listed
-    while not all(f.running() for f in futures):
-        threading.Event().wait(0.01)
+    # Both tasks started in their workers, not only sent: a task its worker had not read
+    # when it was killed would rightly run again elsewhere (seen under load).
+    assert wait_until(lambda: len(tasks.started_inputs(str(tmp_path))) == 2, 60)
+    assert all(f.running() for f in futures)
     processes = dict(p._processes)
     assert len(processes) == 2 and all(proc.pid == pid for pid, proc in processes.items())
     assert all(process_exists(pid) for pid in processes)

@@ -159,23 +159,28 @@ def test_forks_refused_for_want_of_processes_are_retried_and_explained(ctx):
 
 
 @pytest.mark.isolated
-def test_a_worker_whose_forkserver_exits_is_ended_with_the_reason():
+def test_a_worker_whose_forkserver_exits_is_ended_with_the_reason(tmp_path):
     from multiprocessing import forkserver
     ctx = multiprocessing.get_context("forkserver")
-    with pool.ProcessPool(1, mp_context=ctx) as p:
-        p.submit(tasks.square, 2).result(60)
-        (worker,) = pids_of_workers(p)
-        running = p.submit(tasks.sleep_then, 60)
-        assert wait_until(lambda: p.stats().running == 1, 30)
-        os.kill(forkserver._forkserver._forkserver_pid, signal.SIGKILL)
-        error = running.exception(60)
-        assert isinstance(error, pool.WorkerDied)
-        assert "forkserver that started it had exited" in str(error)
-        # SIGKILLed as its task failed; not the pool's child (the forkserver's), so gone
-        # a moment later. (Without /proc, nothing slows the pool down enough to see it.)
-        assert wait_until(lambda: not process_exists(worker), 10)
-        assert p.submit(tasks.square, 3).result(60) == 9  # a new forkserver, a new worker
-    forkserver._forkserver._stop()  # (the new one holds descriptors the old one did not)
+    try:
+        with pool.ProcessPool(1, mp_context=ctx) as p:
+            p.submit(tasks.square, 2).result(60)
+            (worker,) = pids_of_workers(p)
+            running = p.submit(tasks.started_then, str(tmp_path), 0, "wait")
+            # Started in the worker, not only sent: a task the worker had not read when it
+            # was killed would rightly run again on the next worker (seen under load).
+            assert wait_until(lambda: tasks.started_inputs(str(tmp_path)) == {0: worker}, 30)
+            os.kill(forkserver._forkserver._forkserver_pid, signal.SIGKILL)
+            error = running.exception(60)
+            assert isinstance(error, pool.WorkerDied)
+            assert "forkserver that started it had exited" in str(error)
+            # SIGKILLed as its task failed; not the pool's child (the forkserver's), so
+            # gone a moment later. (Without /proc, nothing slows the pool down enough to
+            # see it.)
+            assert wait_until(lambda: not process_exists(worker), 10)
+            assert p.submit(tasks.square, 3).result(60) == 9  # a new forkserver and worker
+    finally:
+        forkserver._forkserver._stop()  # (the new one holds descriptors the old one did not)
 
 
 def _address_space_limited(extra: int) -> None:

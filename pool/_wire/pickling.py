@@ -65,7 +65,8 @@ def _main_importable_by_workers() -> bool:
     # multiprocessing re-imports a main script (or ``-m`` module) in spawn and forkserver
     # children as ``__mp_main__``; a forked child has it already.
     main = sys.modules.get("__main__")
-    return getattr(main, "__file__", None) is not None or getattr(main, "__spec__", None) is not None
+    return (getattr(main, "__file__", None) is not None
+            or getattr(main, "__spec__", None) is not None)
 
 
 class _KeepFilename:
