@@ -258,7 +258,7 @@ class ProcessPool(StdlibAttributes, Executor):
         dispatcher = self._dispatcher
         if dispatcher.broken_error is not None:
             state = "broken"
-        elif dispatcher.finished.done():
+        elif dispatcher.ended:
             state = "shut down"
         elif dispatcher.closing:
             state = "shutting down"

@@ -1,5 +1,6 @@
 """``InterruptSafeLock`` (``pool._locks``): a Ctrl-C never leaves it taken, and the locks
-that callers' threads take are all of that kind.
+that callers' threads take are all of that kind; a Ctrl-C inside the first submit's
+``Thread.start()`` leaves exactly one thread on the loop.
 
 Each scenario runs in a child interpreter, since it raises KeyboardInterrupt on purpose.
 The interrupt is made to land at the exact moment that matters: the signal is tripped by
@@ -10,6 +11,8 @@ lock, so the handler runs just after the lock is taken (or while it waits for it
 from __future__ import annotations
 
 import multiprocessing
+import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -18,7 +21,7 @@ import pytest
 
 import pool
 from helpers import START_METHODS, run_script
-from pool._dispatcher.front import Dispatcher
+from pool._dispatcher.front import Dispatcher, EndedFuture
 from pool._futures import PoolFuture
 from pool._locks import InterruptSafeLock
 
@@ -67,10 +70,35 @@ def run_scenario(factory: str, interrupt: str) -> list[str]:
     return done.stdout.split()
 
 
+# The condition of the future that ``async with`` awaits for the pool's end: ``with`` enters
+# it through threading.Condition.__enter__, a Python function around the lock's.
+ENDED_FUTURES_CONDITION = ("(lambda: __import__('pool._dispatcher.front', fromlist=['_'])"
+                           ".EndedFuture()._condition)")
+PLAIN_FUTURES_CONDITION = "(lambda: __import__('concurrent.futures').futures.Future()._condition)"
+
+
+@pytest.mark.parametrize("factory", ["InterruptSafeLock", ENDED_FUTURES_CONDITION],
+                         ids=["InterruptSafeLock", "the pool's ended future"])
 @pytest.mark.parametrize("interrupt", [TRIP_FROM_ANOTHER_THREAD, SEND_TO_THE_WAITER],
                          ids=["as it is taken", "while it waits"])
-def test_a_ctrl_c_never_leaves_the_lock_taken(interrupt):
-    assert run_scenario("InterruptSafeLock", interrupt) == ["INTERRUPTED", "FREE"]
+def test_a_ctrl_c_never_leaves_the_lock_taken(interrupt, factory):
+    assert run_scenario(factory, interrupt) == ["INTERRUPTED", "FREE"]
+
+
+def test_the_premise_a_plain_futures_condition_is_left_taken():
+    # Why the pool's ended future has its own lock: Condition.__enter__ is a Python
+    # function that calls the C lock's, and the check for signals after that call raises
+    # the interrupt with the lock held, on every version.
+    outcome = run_scenario(PLAIN_FUTURES_CONDITION, TRIP_FROM_ANOTHER_THREAD)
+    assert outcome == ["INTERRUPTED", "LEFT_TAKEN"]
+
+
+def test_the_ended_future_cannot_be_cancelled():
+    # asyncio.wrap_future cancels the future it wraps when the awaiting task is cancelled.
+    ended = EndedFuture()
+    assert not ended.cancel() and not ended.done()
+    ended.set_result(None)
+    assert ended.done() and not ended.cancelled()
 
 
 @pytest.mark.skipif(sys.version_info[:2] != (3, 14), reason="only 3.14's with statement "
@@ -104,9 +132,41 @@ def test_the_locks_a_caller_takes_are_interrupt_safe():
                             initializer=None, max_tasks_per_child=None)
     assert isinstance(dispatcher._lock, InterruptSafeLock)
     assert isinstance(dispatcher._callbacks._lock, InterruptSafeLock)
+    assert isinstance(dispatcher.finished._condition._lock, InterruptSafeLock)
     assert isinstance(PoolFuture()._lock, InterruptSafeLock)
+    assert isinstance(PoolFuture()._condition._lock, InterruptSafeLock)
     with pool.ProcessPool(1) as executor:
         assert isinstance(executor._dispatcher._lock, InterruptSafeLock)
+
+
+# The only plain locks, events, conditions and futures pool makes, and why a Ctrl-C in a
+# caller's thread cannot leave them taken for the dispatcher.
+PLAIN_SYNC_ALLOWED = {
+    # Released by the setter, never taken by it: waiters only poll it (see _latch).
+    ("_latch.py", "self._lock = threading.Lock()"),
+    # Taken with a timeout; a stuck one is expected and outwaited (see wakeup).
+    ("_dispatcher/wakeup.py", "self._lock = threading.Lock()"),
+    # Conditions over an InterruptSafeLock.
+    ("_dispatcher/front.py", "self._condition = threading.Condition(InterruptSafeLock())"),
+    ("_futures.py", '"_made_condition", threading.Condition(self._lock))'),
+}
+PLAIN_SYNC = re.compile(r"threading\.(Lock|RLock|Event|Condition|Semaphore|BoundedSemaphore|"
+                        r"Barrier)\(|(?<![\w.])Future\(\)|queue\.Queue\(")
+
+
+def test_pool_makes_no_other_plain_lock_event_or_future():
+    package = pathlib.Path(pool.__file__).parent
+    found = set()
+    for path in sorted(package.rglob("*.py")):
+        where = path.relative_to(package).as_posix()
+        for line in path.read_text().splitlines():
+            code = line.split("#")[0]
+            if PLAIN_SYNC.search(code):
+                allowed = any(where == place and snippet in code
+                              for place, snippet in PLAIN_SYNC_ALLOWED)
+                found.add((where, code.strip(), allowed))
+    assert [(where, code) for where, code, allowed in found if not allowed] == []
+    assert len(found) == len(PLAIN_SYNC_ALLOWED)  # the allowlist names what is there
 
 
 # The hang this was seen as: a Ctrl-C while shutdown(wait=True) took the dispatcher's lock
@@ -152,3 +212,47 @@ def test_a_ctrl_c_as_shutdown_takes_its_lock_leaves_the_pool_able_to_end(method,
     assert "INTERRUPTED TAKING THE LOCK" in proc.stdout  # where it was made to land
     assert len(facts["workers"]) == 1 and facts["alive"] == []
     assert facts["done"] and facts["children_left"] == [] and facts["threads_left"] == []
+
+
+# A Ctrl-C inside the first submit's Thread.start(), made to land after the thread began
+# (it runs the loop: the pool must keep it, not start a second one on the same loop) or
+# before it was made (nothing runs the loop: the next submit must start one, and shutdown
+# must not wait for a thread that never ran).
+CTRL_C_IN_THE_FIRST_START = """
+real_start = threading.Thread.start
+interrupted = []
+
+def start(thread):
+    if thread.name.startswith("pool-dispatcher") and not interrupted:
+        interrupted.append(thread.name)
+        if WHEN == "before":
+            raise KeyboardInterrupt
+        real_start(thread)
+        raise KeyboardInterrupt
+    real_start(thread)
+
+threading.Thread.start = start
+p = pool.ProcessPool(2, mp_context=CTX)
+try:
+    p.submit(tasks.identity, 0)
+except KeyboardInterrupt:
+    print("INTERRUPTED", flush=True)
+results = [p.submit(tasks.square, x).result(timeout=60) for x in range(4)]
+loops = [t.name for t in threading.enumerate() if t.name.startswith("pool-dispatcher")
+         and not t.name.endswith("-callbacks")]
+workers = sorted(p._dispatcher.live_processes())
+p.shutdown(wait=True)
+report(results=results, loops=loops, workers=workers,
+       alive=[pid for pid in workers if helpers.process_exists(pid)])
+"""
+
+
+@pytest.mark.parametrize("when", ["after", "before"])
+@pytest.mark.parametrize("method", START_METHODS)
+def test_a_ctrl_c_in_the_first_start_leaves_one_thread_on_the_loop(when, method, tmp_path):
+    body = CTRL_C_IN_THE_FIRST_START.replace("WHEN", repr(when))
+    facts, proc = run_script(body, method, tmp_path, timeout=60)
+    assert "INTERRUPTED" in proc.stdout
+    assert facts["results"] == [0, 1, 4, 9]
+    assert len(facts["loops"]) == 1 and facts["workers"] and facts["alive"] == []
+    assert facts["children_left"] == [] and facts["threads_left"] == []

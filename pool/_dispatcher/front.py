@@ -52,6 +52,21 @@ logger = logging.getLogger("pool")
 _dispatcher_numbers = itertools.count(1)
 
 
+class EndedFuture(Future[None]):
+    """``Dispatcher.finished``: resolved once the loop has ended, for ``async with`` to
+    await. Its lock is an ``InterruptSafeLock``: a caller's thread takes it (``done()``,
+    ``add_done_callback()``) and the ending thread needs it, so a Ctrl-C there must not
+    leave it taken. Nobody may cancel it: an awaiting coroutine that is cancelled would
+    otherwise cancel it through ``asyncio.wrap_future``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._condition = threading.Condition(InterruptSafeLock())
+
+    def cancel(self) -> bool:
+        return False
+
+
 class Admission(enum.Enum):
     """What callers may still do: whether ``submit`` queues, and whether a command still
     reaches the loop. Moved under ``_lock``, and read under it wherever a decision depends
@@ -107,7 +122,7 @@ class Dispatcher:
         # Callers wait for this, never for the thread: on 3.11, a KeyboardInterrupt inside
         # Thread.join() can leave a thread that still runs marked as stopped (the bpo-45274
         # handling), and a second join() would then return at once.
-        self.finished: Future[None] = Future()
+        self.finished = EndedFuture()
         # The same fact for callers that wait in a thread: a latch, which a Ctrl-C in the
         # wait cannot leave locked for the loop to block on (see _latch.Latch).
         self._ended = Latch()
@@ -299,13 +314,25 @@ class Dispatcher:
         self._wakeup.wake()
 
     def _start_thread(self) -> None:
-        """Start the loop at the first submit (under ``_lock``)."""
+        """Start the loop at the first submit (under ``_lock``). If the start raises (a
+        Ctrl-C inside ``Thread.start()``, or no thread could be made), ``_thread`` stays
+        set if the thread runs the loop all the same, and is cleared if it does not, so
+        that a later submit starts one: never two threads on one loop, never a shutdown
+        waiting for a thread that never ran."""
         if self._thread is not None:
             return
         assert self._loop is not None, "the loop ended before it started"
-        self._wakeup = Wakeup()
-        self._thread = self._loop.start(self._wakeup)
-        _exit.shut_down_at_exit(self)
+        if self._wakeup is None:
+            self._wakeup = Wakeup()
+        thread, claim = self._loop.new_thread(self._wakeup)
+        self._thread = thread
+        _exit.shut_down_at_exit(self)  # before start: an interrupt may come as it returns
+        try:
+            thread.start()
+        except BaseException:
+            if claim.abandon():
+                self._thread = None
+            raise
 
     def _move_admission(self, new: Admission) -> None:
         """Move the admission (under ``_lock``) as ``ADMISSION_TRANSITIONS`` allows."""
@@ -362,6 +389,11 @@ class Dispatcher:
         """Called once, by the thread that moved the admission to ENDED, outside ``_lock``:
         a done-callback of ``finished`` runs here."""
         self._loop = None
+        self._ended.set()  # first: threads that wait need nothing a done-callback may hold
         if not self.finished.done():
             self.finished.set_result(None)
-        self._ended.set()
+
+    @property
+    def ended(self) -> bool:
+        """The loop has ended and released everything (or never started)."""
+        return self._ended.is_set
