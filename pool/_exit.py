@@ -33,6 +33,7 @@ from . import _compat, _shake
 
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
 _registered = False
+_registered_at_fork = False
 interpreter_exiting = False
 
 
@@ -107,13 +108,17 @@ def _close_in_child() -> None:
 
 
 def shut_down_at_exit(dispatcher: Any) -> None:
-    """Remember a dispatcher whose thread just started; register the hooks once."""
-    global _registered
+    """Remember a dispatcher whose thread is about to start; register the hooks once. A
+    dispatcher whose thread then did not start is remembered harmlessly: its shutdown
+    ends at once. Each hook is marked registered only once it is, so that a Ctrl-C in
+    here leaves the rest for the next call, never skipped for good."""
+    global _registered, _registered_at_fork
     _live.add(dispatcher)
     if _registered:
         return
-    _registered = True
-    os.register_at_fork(after_in_child=_close_in_child)
+    if not _registered_at_fork:
+        os.register_at_fork(after_in_child=_close_in_child)
+        _registered_at_fork = True
     # threading's own exit hooks run before non-daemon threads are joined (the stdlib's
     # executors use them too), so a thread waiting for a result does not hold up the exit.
     import atexit
@@ -123,6 +128,7 @@ def shut_down_at_exit(dispatcher: Any) -> None:
         atexit.register(_shut_down_all)
     else:
         atexit.register(_stop_what_the_hook_left)
+    _registered = True
 
 
 def forget(dispatcher: Any) -> None:

@@ -214,45 +214,68 @@ def test_a_ctrl_c_as_shutdown_takes_its_lock_leaves_the_pool_able_to_end(method,
     assert facts["done"] and facts["children_left"] == [] and facts["threads_left"] == []
 
 
-# A Ctrl-C inside the first submit's Thread.start(), made to land after the thread began
-# (it runs the loop: the pool must keep it, not start a second one on the same loop) or
-# before it was made (nothing runs the loop: the next submit must start one, and shutdown
-# must not wait for a thread that never ran).
+# A Ctrl-C inside the first submit's start of the loop's thread, made to land before the
+# thread was made, after it began, as the exit hooks are registered, and as the lifeline
+# the workers inherit is opened. Each time, the start is undone whole: a thread that began
+# returns without running the loop, the next submit starts the one thread that runs it,
+# and shutdown ends.
 CTRL_C_IN_THE_FIRST_START = """
-real_start = threading.Thread.start
+from pool import _exit
+from pool._dispatcher import perform
+real_start, real_hook, real_open = (threading.Thread.start, _exit.shut_down_at_exit,
+                                    perform.Performer.open)
 interrupted = []
 
 def start(thread):
-    if thread.name.startswith("pool-dispatcher") and not interrupted:
-        interrupted.append(thread.name)
-        if WHEN == "before":
-            raise KeyboardInterrupt
-        real_start(thread)
+    if WHERE.endswith("start") and thread.name.startswith("pool-dispatcher") and not interrupted:
+        interrupted.append(thread)
+        if WHERE == "after start":
+            real_start(thread)
         raise KeyboardInterrupt
     real_start(thread)
 
+def hook(dispatcher):
+    if WHERE == "exit hook" and not interrupted:
+        interrupted.append(None)
+        raise KeyboardInterrupt
+    real_hook(dispatcher)
+
+def open_lifeline(performer, wakeup):
+    if WHERE == "lifeline" and not interrupted:
+        interrupted.append(None)
+        raise KeyboardInterrupt
+    real_open(performer, wakeup)
+
 threading.Thread.start = start
+_exit.shut_down_at_exit = hook
+perform.Performer.open = open_lifeline
 p = pool.ProcessPool(2, mp_context=CTX)
 try:
     p.submit(tasks.identity, 0)
 except KeyboardInterrupt:
     print("INTERRUPTED", flush=True)
 results = [p.submit(tasks.square, x).result(timeout=60) for x in range(4)]
-loops = [t.name for t in threading.enumerate() if t.name.startswith("pool-dispatcher")
-         and not t.name.endswith("-callbacks")]
+first = interrupted[0]
+if first is not None and first.ident is not None:
+    first.join(30)  # disowned: it returns as soon as it may look
+loops = [t.name for t in threading.enumerate()
+         if t.name.startswith("pool-dispatcher") and "-callbacks" not in t.name]
 workers = sorted(p._dispatcher.live_processes())
 p.shutdown(wait=True)
 report(results=results, loops=loops, workers=workers,
-       alive=[pid for pid in workers if helpers.process_exists(pid)])
+       alive=[pid for pid in workers if helpers.process_exists(pid)],
+       first_alive=first is not None and first.is_alive(),
+       first_kept=first is not None and p._dispatcher.thread is first)
 """
 
 
-@pytest.mark.parametrize("when", ["after", "before"])
+@pytest.mark.parametrize("where", ["before start", "after start", "exit hook", "lifeline"])
 @pytest.mark.parametrize("method", START_METHODS)
-def test_a_ctrl_c_in_the_first_start_leaves_one_thread_on_the_loop(when, method, tmp_path):
-    body = CTRL_C_IN_THE_FIRST_START.replace("WHEN", repr(when))
+def test_a_ctrl_c_in_the_first_start_leaves_one_thread_on_the_loop(where, method, tmp_path):
+    body = CTRL_C_IN_THE_FIRST_START.replace("WHERE", repr(where))
     facts, proc = run_script(body, method, tmp_path, timeout=60)
     assert "INTERRUPTED" in proc.stdout
     assert facts["results"] == [0, 1, 4, 9]
     assert len(facts["loops"]) == 1 and facts["workers"] and facts["alive"] == []
+    assert not facts["first_alive"] and not facts["first_kept"]
     assert facts["children_left"] == [] and facts["threads_left"] == []

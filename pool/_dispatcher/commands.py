@@ -12,6 +12,7 @@ Assumes: nothing; these are types only.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol, Union
 
@@ -74,6 +75,10 @@ class Front(Protocol):
 
     name: str
     broken_error: BaseException | None  # read by the loop; written through the methods
+
+    def owns_loop(self, thread: threading.Thread) -> bool:
+        """Whether ``thread`` is the one started to run the loop (see ``_start_thread``);
+        asked by that thread before it runs."""
 
     def take_commands(self) -> Iterator[Command]:
         """The commands queued so far, in order."""

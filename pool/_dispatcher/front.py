@@ -314,24 +314,24 @@ class Dispatcher:
         self._wakeup.wake()
 
     def _start_thread(self) -> None:
-        """Start the loop at the first submit (under ``_lock``). If the start raises (a
-        Ctrl-C inside ``Thread.start()``, or no thread could be made), ``_thread`` stays
-        set if the thread runs the loop all the same, and is cleared if it does not, so
-        that a later submit starts one: never two threads on one loop, never a shutdown
-        waiting for a thread that never ran."""
+        """Start the loop at the first submit (under ``_lock``). If anything here raises
+        (a Ctrl-C inside ``Thread.start()``, no thread could be made), the thread is
+        disowned before ``_lock`` is let go: if it began, it sees that and returns without
+        running the loop (``Loop._run_if_owned``), and a later submit starts another. So
+        never two threads on one loop, and never a shutdown waiting for a thread that
+        does not run it."""
         if self._thread is not None:
             return
         assert self._loop is not None, "the loop ended before it started"
         if self._wakeup is None:
             self._wakeup = Wakeup()
-        thread, claim = self._loop.new_thread(self._wakeup)
-        self._thread = thread
-        _exit.shut_down_at_exit(self)  # before start: an interrupt may come as it returns
+        thread = self._loop.new_thread(self._wakeup)
         try:
+            self._thread = thread
+            _exit.shut_down_at_exit(self)
             thread.start()
         except BaseException:
-            if claim.abandon():
-                self._thread = None
+            self._thread = None  # first: nothing before it checks for signals
             raise
 
     def _move_admission(self, new: Admission) -> None:
@@ -341,6 +341,10 @@ class Dispatcher:
         self._admission = new
 
     # -- the loop's side (commands.Front): dispatcher thread only ---------------------------
+
+    def owns_loop(self, thread: threading.Thread) -> bool:
+        with self._lock:  # held by the starter until it has kept or disowned the thread
+            return self._thread is thread
 
     def take_commands(self) -> Iterator[Command]:
         while True:
@@ -395,5 +399,6 @@ class Dispatcher:
 
     @property
     def ended(self) -> bool:
-        """The loop has ended and released everything (or never started)."""
+        """The loop has ended and released everything, or the pool was shut down before
+        it started."""
         return self._ended.is_set

@@ -35,8 +35,8 @@ Owns: the ``StateMachine`` (and with it the pool's life), the ``Performer`` (the
 submissions in flight, the counts), the ``Reaper`` (workers and process groups not yet
 confirmed gone) and the errors decoded this turn. The front holds the thread. It shares
 nothing with callers but its front (``commands.Front``) and the wakeup handle.
-Runs in: the dispatcher thread, but for ``new_thread`` and ``StartClaim.abandon`` (the caller
-that submits first, under the front's lock) and ``close_in_forked_child`` (a forked child).
+Runs in: the dispatcher thread, but for ``new_thread`` (the caller that submits first,
+under the front's lock) and ``close_in_forked_child`` (a forked child).
 Guarantees:
 - replies already written by a worker are delivered before its exit is handled, so a task
   that returned before its worker died succeeds;
@@ -66,8 +66,6 @@ from .. import _exit, _shake
 from .._core.machine import StateMachine
 from .._core.states import Timeouts
 from .._errors import PoolInternalError
-from .._latch import Latch
-from .._locks import InterruptSafeLock
 from .._callbacks import CallbackRunner, install_on_dispatcher_thread
 from .._wire import limits
 from .._wire.exceptions import release_frames
@@ -81,43 +79,6 @@ from .reaper import Reaper
 from .wakeup import Wakeup
 
 logger = logging.getLogger("pool")
-
-
-class StartClaim:
-    """Whether a thread started for the loop may run it, decided once by whichever comes
-    first: the thread beginning (``claim``) or its starter giving up on it (``abandon``).
-
-    A Ctrl-C inside ``Thread.start()`` may land before the thread was made or after it
-    began, and the starter cannot tell which. Starting another would then put two threads
-    on one loop; keeping one that never began would leave ``shutdown()`` waiting for it."""
-
-    # Long enough for a thread that was made to begin on a loaded machine; paid only by a
-    # start that a Ctrl-C interrupted before the thread was made.
-    GRACE_SECONDS = 2.0
-
-    def __init__(self) -> None:
-        self._lock = InterruptSafeLock()
-        self._began = Latch()
-        self._abandoned = False
-
-    def claim(self) -> bool:
-        """In the new thread: True if it may run the loop."""
-        with self._lock:
-            if not self._abandoned:
-                self._began.set()
-            return not self._abandoned
-
-    def abandon(self) -> bool:
-        """In the starter, after ``start()`` raised: True if the thread will not run the
-        loop (it never began, or will return at once if it does)."""
-        try:
-            self._began.wait(self.GRACE_SECONDS)
-        except KeyboardInterrupt:  # a second Ctrl-C: decide now
-            pass
-        with self._lock:
-            if not self._began.is_set:
-                self._abandoned = True
-            return self._abandoned
 
 
 class Loop:
@@ -148,20 +109,20 @@ class Loop:
         self._injected_fault: BaseException | None = None  # tests: make the loop fail
         self._wakeup: Wakeup | None = None
 
-    def new_thread(self, wakeup: Wakeup) -> tuple[threading.Thread, StartClaim]:
-        """A thread to run the loop, not started, and the claim that decides whether it may
-        (caller thread, under the front's lock). ``wakeup`` is how callers wake it. Opens
-        what the workers inherit once, however many starts a Ctrl-C interrupts."""
-        if self._wakeup is None:
-            self._wakeup = wakeup
+    def new_thread(self, wakeup: Wakeup) -> threading.Thread:
+        """A thread to run the loop, not started (caller thread, under the front's lock).
+        ``wakeup`` is how callers wake it. Opens what the workers inherit on the first
+        call only; if a Ctrl-C cut a call short, the next one opens it."""
+        if not self._performer.opened:
             self._performer.open(wakeup)
-        claim = StartClaim()
-        thread = threading.Thread(target=self._run_if_claimed, args=(claim,), name=self.name,
-                                  daemon=True)
-        return thread, claim
+        self._wakeup = wakeup
+        return threading.Thread(target=self._run_if_owned, name=self.name, daemon=True)
 
-    def _run_if_claimed(self, claim: StartClaim) -> None:
-        if claim.claim():
+    def _run_if_owned(self) -> None:
+        # A start that a Ctrl-C interrupted disowns its thread (``Dispatcher._start_thread``)
+        # before it lets go of the front's lock, which this waits for: the thread runs the
+        # loop only if it is still the front's.
+        if self._front.owns_loop(threading.current_thread()):
             self.run()
 
     def close_in_forked_child(self) -> None:

@@ -68,6 +68,10 @@ class Performer:
         self._wakeup: Wakeup | None = None
         self._lifeline: tuple[int, int] | None = None
 
+    @property
+    def opened(self) -> bool:
+        return self._lifeline is not None
+
     def open(self, wakeup: Wakeup) -> None:
         """Open the lifeline every worker inherits, before the loop starts. ``wakeup``
         wakes the loop once a thread has written a large frame."""
