@@ -12,10 +12,11 @@ assumes; docs/architecture.rst walks through them.
   for the stdlib's private attributes it keeps), ``_mapping`` (``map``), ``_aio``
   (asyncio), ``_progress``, ``_stats``, ``_shared`` (``pool.shared()``), ``_to_process``,
   ``_patch`` (``pool.patch()``, with ``_patched`` and the start-up hook in ``_startup``),
-  ``_futures`` (``PoolFuture``), ``_latch`` (how callers wait), ``_callbacks`` (the
-  threads that run done-callbacks), ``_errors``, ``_exit`` (the pools and the process's
-  life: interpreter exit, fork), ``_compat`` (the stdlib's private names that pool relies
-  on); ``dask`` (optional, never imported here);
+  ``_futures`` (``PoolFuture``), ``_mp_pool`` (``pool.Pool``, the ``multiprocessing.Pool``
+  face, with ``_mp_results`` for what it hands back), ``_latch`` (how callers wait),
+  ``_callbacks`` (the threads that run done-callbacks), ``_errors``, ``_exit`` (the pools
+  and the process's life: interpreter exit, fork), ``_compat`` (the stdlib's private
+  names that pool relies on); ``dask`` (optional, never imported here);
 - ``_dispatcher``: the dispatcher thread and what callers hand it;
 - ``_core``: the state machine, pure (events in, actions out);
 - ``_worker``: one worker process, its main and the parent's handle on it;
@@ -35,6 +36,8 @@ if TYPE_CHECKING:  # what type checkers see; at run time these load on first use
                           WorkerStartRefused, WorkerTerminated)
     from ._executor import ProcessPool, ProcessPoolExecutor
     from ._futures import PoolFuture
+    from ._mp_pool import Pool
+    from ._mp_results import AsyncResult, IMapIterator, MapResult
     from ._patch import Patch, patch
     from ._progress import as_completed
     from ._shared import Lease, shared
@@ -54,6 +57,8 @@ _LAZY = {
     "as_completed_async": "_aio",
     "ProcessPool": "_executor", "ProcessPoolExecutor": "_executor",
     "PoolFuture": "_futures",
+    "Pool": "_mp_pool",
+    "AsyncResult": "_mp_results", "MapResult": "_mp_results", "IMapIterator": "_mp_results",
     "Patch": "_patch", "patch": "_patch",
     "as_completed": "_progress",
     "Lease": "_shared", "shared": "_shared", "to_process": "_to_process",
@@ -77,6 +82,10 @@ def __dir__() -> list[str]:
 __all__ = [
     "ProcessPool",
     "ProcessPoolExecutor",
+    "Pool",
+    "AsyncResult",
+    "MapResult",
+    "IMapIterator",
     "PoolFuture",
     "PoolStats",
     "as_completed",

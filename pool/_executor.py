@@ -234,6 +234,21 @@ class ProcessPool(StdlibAttributes, Executor):
         return _mapping.calls(fn, iterables, chunksize, lambda encoded: (
             self._dispatcher.submit_many(encoded, self._task_timeout)))
 
+    def _group_submitter(self, fn: Callable[..., Any], runner: Callable[..., Any],
+                         described: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
+                         ) -> _mapping.SubmitGroup:
+        """What other faces submit through (``pool.Pool``'s chunks): a function that
+        submits groups of argument tuples for ``runner``, which calls ``fn``, with the
+        pool's ``task_timeout``; ``runner`` is pickled once. ``described``: see
+        ``_mapping.encoded_submitter``. Raises what ``submit`` would if the pool is not
+        open."""
+        from . import _mapping
+        self._dispatcher.check_open()
+        if not self._main_checked:
+            self._check_first_use()
+        return _mapping.encoded_submitter(fn, runner, lambda encoded: (
+            self._dispatcher.submit_many(encoded, self._task_timeout)), described)
+
     def _check_first_use(self) -> None:
         """Before the first task: fail at once where workers cannot work, and prepare
         for their start (see ``_first_task``)."""

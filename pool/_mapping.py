@@ -70,6 +70,17 @@ def calls(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...], chunksiz
     of them through ``submit``. A chunk of ``chunksize`` items is one tuple, run by
     ``process_items`` or ``process_chunk``. The function is pickled once, here."""
     runner, batches = _runner_and_batches(fn, iterables, chunksize)
+    return batches, encoded_submitter(fn, runner, submit)
+
+
+def encoded_submitter(fn: Callable[..., Any], runner: Callable[..., Any],
+                      submit: SubmitEncoded,
+                      described: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
+                      ) -> SubmitGroup:
+    """The function that submits groups of argument tuples for ``runner``, which calls
+    ``fn`` (named in errors), through ``submit``. ``runner`` is pickled once, here.
+    ``described(args)``, if given, is the arguments that errors show for ``fn``'s call
+    (by default, ``args`` themselves)."""
     try:
         fn_blob = _pickling.dumps_callable(runner)
     except ArgumentPicklingError as exc:
@@ -100,14 +111,14 @@ def calls(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...], chunksiz
                     submit_encoded()  # in order: those before it go first
                     futures.append(failed_future(exc))
                     continue
-                encoded.append((fn, args, {}, body))
+                encoded.append((fn, args if described is None else described(args), {}, body))
                 encoded_bytes += sum(map(len, body))
                 if encoded_bytes >= GROUP_BYTES:
                     submit_encoded()
             submit_encoded()
         return futures
 
-    return batches, submit_group
+    return submit_group
 
 
 def _runner_and_batches(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...],

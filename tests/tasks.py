@@ -602,3 +602,19 @@ def platform_facts(_=None):
              "MEMFD", "CPU_AFFINITY", "POLL_READER_GONE")
     return {"pid": os.getpid(), "flags": {name: getattr(_platform, name) for name in flags},
             "proc_opens": proc_opens()}
+
+
+def square_unless(x, fail=(7,), die=()):
+    """x * x, but ValueError for the items in ``fail`` and a SIGKILL of the worker for
+    those in ``die`` (pool.Pool's tests)."""
+    if x in die:
+        os.kill(os.getpid(), signal.SIGKILL)
+    if x in fail:
+        raise ValueError(f"{x} fails")
+    return x * x
+
+
+def mark_then(directory, x, die=()):
+    """Leave ``directory/x`` to say that x ran, then as square_unless with ``die``."""
+    open(os.path.join(directory, str(x)), "a").close()
+    return square_unless(x, fail=(), die=die)

@@ -9,7 +9,8 @@ from concurrent.futures.process import BrokenProcessPool
 import pool
 from helpers import REPO_DIR
 
-PUBLIC = ["ProcessPool", "ProcessPoolExecutor", "PoolFuture", "PoolStats", "WorkerStats",
+PUBLIC = ["ProcessPool", "ProcessPoolExecutor", "Pool", "AsyncResult", "MapResult",
+          "IMapIterator", "PoolFuture", "PoolStats", "WorkerStats",
           "as_completed", "as_completed_async", "to_process", "shared", "Lease", "patch", "Patch",
           "SharedPoolConflict", "WorkerDied", "TaskTimeout",
           "WorkerTerminated", "InitializerError", "WorkerStartRefused",

@@ -36,6 +36,9 @@ EXPECTED = {
         r"^<PoolStats 0 running, 0 queued, 3 completed, 1 failed; "
         r"2 workers \(3 started, 1 died: SIGKILL x1\)>$"],
     ("docs/guide/using.rst", 2): [r"^500 500$"],
+    ("docs/guide/mp_pool.rst", 0): [
+        r"^0 0$", r"^1 1$", r"^2 4$", r"^3 WorkerDied: worker pid \d+ died \(signal SIGSEGV "
+        r"\(11\)\) while running task 4: __main__\.work\(3\)$", r"^4 16$", r"^5 25$"],
     ("docs/guide/shared.rst", 0): [r"^5$", r"^4$", r"^\{'max_workers': \('2', '3'\)\}$"],
     ("docs/guide/asyncio.rst", 0): [
         r"^49$", r"^\[0, 1, 4, 9, 16\]$", r"^worker pid \d+ died \(signal SIGKILL \(9\)\) "

@@ -131,3 +131,28 @@ def patched() -> None:
         executor.shutdown()
     patch.undo()
     patch.undo(True)  # type: ignore[call-arg]
+
+
+Pair = tuple[int, str]
+
+
+def mp_pool_face() -> None:
+    """pool.Pool: results typed as multiprocessing.pool's are, from the function."""
+    with pool.Pool(2, task_timeout=10) as p:
+        assert_type(p.apply(work, (1,)), Pair)
+        result = p.apply_async(work, (1,), callback=lambda pair: None)
+        assert_type(result, pool.AsyncResult[Pair])
+        assert_type(result.get(1.0), Pair)
+        assert_type(p.map(work, [1, 2]), list[Pair])
+        mapped = p.map_async(work, [1, 2])
+        assert_type(mapped, pool.MapResult[Pair])
+        assert_type(mapped.get(), list[Pair])
+        assert_type(p.starmap(work, [(1,)]), list[Pair])
+        for pair in p.imap(work, [1, 2], chunksize=2):
+            assert_type(pair, Pair)
+        iterator = p.imap_unordered(work, [1])
+        assert_type(iterator, pool.IMapIterator[Pair])
+        assert_type(iterator.next(timeout=1.0), Pair)
+        p.close()
+        p.join()
+    p.apply(work, 1)  # type: ignore[arg-type]

@@ -1,0 +1,319 @@
+"""``pool.Pool``: a drop-in for ``multiprocessing.pool.Pool`` on pool's dispatcher.
+
+Owns: the face's own state (RUN, CLOSE, TERMINATE, as the stdlib names it) and the feeder
+threads of ``imap`` calls still reading their input; everything else is the
+``ProcessPool`` it holds (DESIGN.md, "One engine, many faces").
+Runs in: callers' threads; each ``imap`` reads its input on a feeder thread of its own,
+as the stdlib's task thread does; results resolve on the pool's callback threads.
+Guarantees:
+- the stdlib's API and refusals: ``apply``, ``apply_async``, ``map``, ``map_async``,
+  ``starmap``, ``starmap_async``, ``imap``, ``imap_unordered``, ``close``, ``join``,
+  ``terminate``; ``with`` terminates on exit; a call on a pool that is not running raises
+  ``ValueError("Pool not running")``, ``join()`` before ``close()`` ``ValueError("Pool is
+  still running")``;
+- a worker's death fails what it was running, and only that: an ``apply_async`` result, or
+  the items of the chunk it was running (one item with ``chunksize=1``); the rest run;
+- an item's exception fails that item alone, chunked or not;
+- ``close()`` lets every task submitted run, and the input of every ``imap`` still being
+  read is read to its end first; ``join()`` then returns once every worker is gone.
+  ``terminate()`` cancels what has not started and ends the workers; the results it
+  leaves unfinished fail (the stdlib's never become ready).
+Assumes: the ``ProcessPool`` it holds is used by nothing else.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import multiprocessing
+import threading
+import warnings
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sized, TypeVar
+
+from ._errors import copy_error
+from ._latch import Latch
+from ._locks import InterruptSafeLock
+from ._mp_results import AsyncResult, IMapIterator, MapResult
+from ._worker.items import run_items
+
+if TYPE_CHECKING:
+    from ._executor import ProcessPool
+
+T = TypeVar("T")
+
+RUN, CLOSE, TERMINATE = "RUN", "CLOSE", "TERMINATE"
+
+# How many chunks a feeder submits as one command when the input is sized (a list, a
+# range): reading it cannot block, so later items need not wait for it.
+FEED_GROUP = 64
+
+
+class Pool:
+    """A ``multiprocessing.pool.Pool`` in which a worker's death fails only what it was
+    running, with :class:`pool.WorkerDied`, and the pool carries on.
+
+    Takes ``multiprocessing.Pool``'s arguments: ``processes`` (default: the CPUs this
+    process may use), ``initializer``, ``initargs``, ``maxtasksperchild`` and ``context``
+    (default: ``multiprocessing``'s default context, as the stdlib's), and, keyword-only,
+    :class:`pool.ProcessPool`'s own options: ``task_timeout``, ``max_memory_per_child``,
+    ``idle_timeout``, ``stop_grace``, ``terminate_grace``, ``kill_grace``.
+
+    ``apply_async`` and the ``_async`` maps return results with ``get(timeout)`` (raising
+    ``multiprocessing.TimeoutError``), ``wait``, ``ready`` and ``successful``; their
+    ``callback`` and ``error_callback`` run in this process, on a thread of the pool's, and
+    one that raises is logged. ``imap`` and ``imap_unordered`` return iterators whose
+    ``next(timeout)`` does the same; a failed item raises at its place and the iteration
+    goes on. ``chunksize`` items travel and run as one task; an item that raises fails
+    alone, and a death or a ``task_timeout`` fails the chunk it hit.
+    """
+
+    def __init__(self, processes: int | None = None,
+                 initializer: Callable[..., object] | None = None,
+                 initargs: Iterable[Any] = (), maxtasksperchild: int | None = None,
+                 context: Any = None, **options: Any) -> None:
+        from ._executor import ProcessPool
+        self._state = RUN  # before any check: __del__ reads it
+        self._executor: ProcessPool | None = None
+        if processes is not None and processes < 1:
+            raise ValueError("Number of processes must be at least 1")
+        if maxtasksperchild is not None and (
+                not isinstance(maxtasksperchild, int) or maxtasksperchild <= 0):
+            raise ValueError("maxtasksperchild must be a positive int or None")
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
+        self._ctx = context or multiprocessing.get_context()
+        self._executor = ProcessPool(processes, mp_context=self._ctx, initializer=initializer,
+                                     initargs=tuple(initargs),
+                                     max_tasks_per_child=maxtasksperchild, **options)
+        self._processes = self._executor._max_workers
+        self._lock = InterruptSafeLock()  # the state and the feeders
+        self._feeders: set[Latch] = set()  # one per imap still reading its input
+        self._closed_down = Latch()        # close(): shutdown asked, once every feeder ended
+
+    # -- the stdlib's attributes that code reads ------------------------------------------
+
+    @property
+    def _pool(self) -> list[Any]:
+        """The live workers' ``Process`` objects (the stdlib's list of them)."""
+        executor = self._executor
+        return [] if executor is None else list(executor._processes.values())
+
+    def __repr__(self) -> str:
+        cls = type(self)
+        name = "pool.Pool" if cls is Pool else f"{cls.__module__}.{cls.__qualname__}"
+        return f"<{name} state={self._state} pool_size={self._processes}>"
+
+    def __reduce__(self) -> Any:
+        raise NotImplementedError("pool objects cannot be passed between processes or "
+                                  "pickled")
+
+    def __del__(self, _warn: Callable[..., None] = warnings.warn) -> None:
+        if getattr(self, "_state", None) == RUN and getattr(self, "_executor", None):
+            _warn(f"unclosed running multiprocessing pool {self!r}", ResourceWarning,
+                  source=self)
+
+    # -- calls -------------------------------------------------------------------------
+
+    def apply(self, func: Callable[..., T], args: Iterable[Any] = (),
+              kwds: dict[str, Any] | None = None) -> T:
+        """``func(*args, **kwds)`` in a worker; its result, or its exception raised."""
+        return self.apply_async(func, args, kwds).get()
+
+    def apply_async(self, func: Callable[..., T], args: Iterable[Any] = (),
+                    kwds: dict[str, Any] | None = None,
+                    callback: Callable[[T], object] | None = None,
+                    error_callback: Callable[[BaseException], object] | None = None
+                    ) -> AsyncResult[T]:
+        """``func(*args, **kwds)`` in a worker, as an :class:`AsyncResult`."""
+        executor = self._running()
+        result: AsyncResult[T] = AsyncResult(callback, error_callback)
+        future = executor.schedule(func, tuple(args), {} if kwds is None else dict(kwds))
+        future.add_done_callback(result._resolved)
+        return result
+
+    def map(self, func: Callable[..., T], iterable: Iterable[Any],
+            chunksize: int | None = None) -> list[T]:
+        """``[func(item) for item in iterable]``, run in the pool, in input order. If any
+        item failed, raises the first failure to arrive, once every item has ended."""
+        return self._map_async(func, iterable, False, chunksize, None, None).get()
+
+    def starmap(self, func: Callable[..., T], iterable: Iterable[Iterable[Any]],
+                chunksize: int | None = None) -> list[T]:
+        """``map`` for argument tuples: ``func(*item)``."""
+        return self._map_async(func, iterable, True, chunksize, None, None).get()
+
+    def map_async(self, func: Callable[..., T], iterable: Iterable[Any],
+                  chunksize: int | None = None,
+                  callback: Callable[[list[T]], object] | None = None,
+                  error_callback: Callable[[BaseException], object] | None = None
+                  ) -> MapResult[T]:
+        return self._map_async(func, iterable, False, chunksize, callback, error_callback)
+
+    def starmap_async(self, func: Callable[..., T], iterable: Iterable[Iterable[Any]],
+                      chunksize: int | None = None,
+                      callback: Callable[[list[T]], object] | None = None,
+                      error_callback: Callable[[BaseException], object] | None = None
+                      ) -> MapResult[T]:
+        return self._map_async(func, iterable, True, chunksize, callback, error_callback)
+
+    def imap(self, func: Callable[..., T], iterable: Iterable[Any],
+             chunksize: int = 1) -> IMapIterator[T]:
+        """``map``, lazily: an iterator of the results in input order. The input is read
+        on a thread of its own, as it comes."""
+        return self._imap(func, iterable, chunksize, ordered=True)
+
+    def imap_unordered(self, func: Callable[..., T], iterable: Iterable[Any],
+                       chunksize: int = 1) -> IMapIterator[T]:
+        """``imap``, with the results in the order they finish."""
+        return self._imap(func, iterable, chunksize, ordered=False)
+
+    # -- life --------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Take no more calls; what was submitted runs. Then ``join()``."""
+        with self._lock:
+            if self._state != RUN:
+                return
+            self._state = CLOSE
+            feeding = bool(self._feeders)
+        if not feeding:
+            self._shut_down()
+
+    def terminate(self) -> None:
+        """Stop now: cancel what has not started, end every worker (SIGTERM to its group,
+        then SIGKILL), and wait until they are gone. Unfinished results fail."""
+        with self._lock:
+            self._state = TERMINATE
+        if self._executor is not None:
+            self._executor.terminate_workers()
+        self._closed_down.set()
+
+    def join(self) -> None:
+        """Wait, after ``close()`` or ``terminate()``, until every task has ended and every
+        worker is gone."""
+        if self._state == RUN:
+            raise ValueError("Pool is still running")
+        if self._state not in (CLOSE, TERMINATE):
+            raise ValueError("In unknown state")
+        self._closed_down.wait()
+        assert self._executor is not None
+        self._executor.shutdown(wait=True)
+
+    def __enter__(self) -> Pool:
+        self._running()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.terminate()
+
+    # -- how ---------------------------------------------------------------------------
+
+    def _running(self) -> ProcessPool:
+        if self._state != RUN or self._executor is None:
+            raise ValueError("Pool not running")
+        return self._executor
+
+    def _shut_down(self) -> None:
+        assert self._executor is not None
+        self._executor.shutdown(wait=False)
+        self._closed_down.set()
+
+    def _map_async(self, func: Callable[..., Any], iterable: Iterable[Any], star: bool,
+                   chunksize: int | None, callback: Callable[[Any], object] | None,
+                   error_callback: Callable[[BaseException], object] | None
+                   ) -> MapResult[Any]:
+        executor = self._running()
+        items = iterable if isinstance(iterable, Sized) else list(iterable)
+        length = len(items)
+        if chunksize is None:
+            chunksize, extra = divmod(length, self._processes * 4)
+            chunksize += bool(extra)
+        elif chunksize < 1:
+            raise ValueError(f"Chunksize must be 1+, not {chunksize:n}")
+        chunks = [] if length == 0 else list(_chunked(iter(items), chunksize))
+        result: MapResult[Any] = MapResult(length, len(chunks), callback, error_callback)
+        submit_group = executor._group_submitter(func, functools.partial(run_items, func, star),
+                                                 functools.partial(_described, star))
+        futures = submit_group([(chunk,) for chunk in chunks])
+        start = 0
+        for chunk, future in zip(chunks, futures):
+            future.add_done_callback(functools.partial(result._chunk_done, start, len(chunk)))
+            start += len(chunk)
+        return result
+
+    def _imap(self, func: Callable[..., Any], iterable: Iterable[Any], chunksize: int,
+              ordered: bool) -> IMapIterator[Any]:
+        executor = self._running()
+        if chunksize < 1:
+            raise ValueError(f"Chunksize must be 1+, not {chunksize:n}")
+        submit_group = executor._group_submitter(func, functools.partial(run_items, func, False),
+                                                 functools.partial(_described, False))
+        result: IMapIterator[Any] = IMapIterator(ordered)
+        done = Latch()
+        with self._lock:
+            self._feeders.add(done)
+        feeder = threading.Thread(target=self._feed, name=f"{executor._dispatcher.name}-imap",
+                                  args=(iterable, chunksize, submit_group, result, done),
+                                  daemon=True)
+        try:
+            feeder.start()
+        except BaseException:
+            self._fed(done)
+            raise
+        return result
+
+    def _feed(self, iterable: Iterable[Any], chunksize: int,
+              submit_group: Callable[[list[tuple[Any, ...]]], list[Future[Any]]],
+              result: IMapIterator[Any], done: Latch) -> None:
+        """The feeder thread: reads the input, submits it a group of chunks at a time, and
+        says how long it was. An input that raises fails the item it was reading, the last
+        one; so does a pool that stops taking tasks (terminated)."""
+        start = 0
+        group_size = FEED_GROUP if isinstance(iterable, Sized) else 1
+        try:
+            chunks = _chunked(iter(iterable), chunksize)
+            while True:
+                try:
+                    group = list(itertools.islice(chunks, group_size))
+                except Exception as error:  # the input's own error, as the stdlib reports it
+                    result._failed_at(start, error)
+                    return
+                if not group:
+                    result._ended(start)
+                    return
+                try:
+                    futures = submit_group([(chunk,) for chunk in group])
+                except Exception as error:  # terminated under us
+                    result._failed_at(start, copy_error(error))
+                    return
+                for chunk, future in zip(group, futures):
+                    future.add_done_callback(
+                        functools.partial(result._chunk_done, start, len(chunk)))
+                    start += len(chunk)
+        finally:
+            self._fed(done)
+
+    def _fed(self, done: Latch) -> None:
+        """An imap has read all of its input: if the pool is closed and it was the last, the
+        pool may now shut down."""
+        with self._lock:
+            self._feeders.discard(done)
+            last = not self._feeders and self._state == CLOSE
+        done.set()
+        if last:
+            self._shut_down()
+
+
+def _chunked(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
+    while chunk := list(itertools.islice(items, size)):
+        yield chunk
+
+
+def _described(star: bool, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """What errors show as the arguments of a chunk's call: the item's own, for a chunk of
+    one (``work(3)``, not ``work([3])``); the list of items, for a longer one."""
+    (chunk,) = args
+    if len(chunk) != 1:
+        return args
+    return tuple(chunk[0]) if star else (chunk[0],)

@@ -1,0 +1,35 @@
+"""What a worker runs for one chunk of ``pool.Pool``'s ``map`` and ``imap``: each item on
+its own, so that an item's exception fails that item alone.
+
+Owns: nothing. Runs in: a worker, as the chunk task's function (named by reference, so a
+worker imports this module alone for it).
+Guarantees: the chunk's task returns ``(values, failures)``. ``values[i]`` is item i's
+result, or None where ``failures`` holds ``(i, encoded exception)``; each exception is
+encoded with its frames, as a task's own is (``_wire.exceptions``), and decoded by the
+caller's side. Only what ends the whole task (the worker's death, the task's timeout)
+fails every item of the chunk.
+Assumes: ``fn`` and the items came in the chunk's call, unpickled.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .._wire.exceptions import encode_exception
+
+
+def run_items(fn: Callable[..., Any], star: bool, items: list[Any]
+              ) -> tuple[list[Any], list[tuple[int, bytes]]]:
+    """``fn(item)`` for each item (``fn(*item)`` with ``star``), each exception caught."""
+    values: list[Any] = []
+    failures: list[tuple[int, bytes]] = []
+    for index, item in enumerate(items):
+        try:
+            values.append(fn(*item) if star else fn(item))
+        except BaseException as exc:  # as a task's: SystemExit and the like fail the item
+            if exc.__traceback__ is not None and exc.__traceback__.tb_next is not None:
+                exc.__traceback__ = exc.__traceback__.tb_next  # the user's frame first
+            failures.append((index, encode_exception(exc)))
+            values.append(None)
+            del exc
+    return values, failures
