@@ -1,23 +1,29 @@
-"""``pool.patch()``: ``concurrent.futures.ProcessPoolExecutor`` becomes pool's class for
-code that looks the name up afterwards, such as libraries that build their own pools
-(black, compileall, tqdm, dask). Also what ``python -m pool run`` shares with its start-up
-hook: the variable that names the interpreter to patch.
+"""``pool.patch()``: ``concurrent.futures.ProcessPoolExecutor`` becomes pool's class, and
+``multiprocessing.Pool`` pool's ``Pool``, for code that looks the names up afterwards, such
+as libraries that build their own pools (black, compileall, tqdm, dask; flake8, isort).
+Also what ``python -m pool run`` shares with its start-up hook: the variable that names
+the interpreter to patch.
 
 Owns: the two names ``concurrent.futures.ProcessPoolExecutor`` and
-``concurrent.futures.process.ProcessPoolExecutor`` while patched, and what they held before.
+``concurrent.futures.process.ProcessPoolExecutor``, and ``multiprocessing.pool.Pool``,
+while patched, and what they held before.
 Runs in: any thread of any process, under one lock. The start-up hook of ``python -m pool
 run`` (``pool/_startup/sitecustomize.py``) patches the same way by itself: it must not
 import pool before the class is looked up.
-Guarantees: while any ``Patch`` is active, both names give ``_patched.ProcessPoolExecutor``,
-pool's executor with the stdlib's default start method. Once the last is undone, they give
-what they gave before, unless something else has replaced them since: that stays.
-Patching imports nothing of the executor: the class is imported at the first lookup.
+Guarantees: while any ``Patch`` is active, both executor names give
+``_patched.ProcessPoolExecutor``, pool's executor with the stdlib's default start method;
+``multiprocessing.pool.Pool`` is the hook's stand-in, which makes ``_patched``'s ``Pool``
+(and so do ``multiprocessing.Pool`` and every context's ``.Pool``, which look it up there);
+``ThreadPool`` is left alone. Once the last is undone, they give what they gave before,
+unless something else has replaced them since: that stays. Patching imports nothing of
+the executor: the class is imported at the first lookup, or the first pool made.
 Assumes: ``concurrent.futures`` looks ``ProcessPoolExecutor`` up in ``.process`` on first
 use and keeps it as a global, through its module ``__getattr__`` (3.7 to 3.14) or an
 explicit lazy import (3.15, which has no ``__getattr__``: pool adds one while patched).
 ``.process`` has no ``__getattr__`` of its own on 3.11–3.14; one would be chained.
+``multiprocessing``'s contexts import ``Pool`` from ``.pool`` at each call, and
+``ThreadPool`` reaches the stdlib's ``Pool`` through that module's global (3.11–3.15).
 """
-
 from __future__ import annotations
 
 import sys
@@ -27,6 +33,7 @@ from typing import Any
 from ._locks import InterruptSafeLock
 
 NAME = "ProcessPoolExecutor"
+MP_POOL_NAME = "Pool"  # in multiprocessing.pool
 PROCESS_MODULE = "concurrent.futures.process"
 PACKAGE = "concurrent.futures"
 
@@ -89,20 +96,45 @@ def patch() -> Patch:
     ``concurrent.futures.ProcessPoolExecutor(...)``; subclasses defined later. It cannot
     reach a name bound before: a module that imported the class already keeps the
     stdlib's. Nor can it reach other processes, which ``python -m pool run`` reaches, or
-    pools that are not ``concurrent.futures`` ones (``multiprocessing.Pool``, loky,
-    joblib).
+    other pools (loky, joblib).
+
+    It also makes ``multiprocessing.Pool``, ``multiprocessing.pool.Pool`` and every
+    context's ``.Pool(...)`` give :class:`pool.Pool`'s kind, a subclass of the stdlib's
+    class, with the context the caller gave or the stdlib's default. ``ThreadPool`` and
+    classes that subclass the stdlib's ``Pool`` stay the stdlib's.
     """
     import concurrent.futures.process as process_module
-    return _patch(process_module)
+    import multiprocessing.pool as mp_pool_module
+    return _patch(process_module, mp_pool_module)
 
 
-def _patch(process_module: ModuleType) -> Patch:
+def _patch(process_module: ModuleType, mp_pool_module: ModuleType) -> Patch:
     global _depth
     with _lock:
         if _depth == 0:
             _take_over(process_module)
+            _take_over_mp_pool(mp_pool_module)
         _depth += 1
     return Patch()
+
+
+def _take_over_mp_pool(module: ModuleType) -> None:
+    """``multiprocessing.pool.Pool`` becomes a stand-in that makes pool's ``Pool``, the
+    start-up hook's own (``mp_pool_stand_in``); the class is imported at the first pool
+    made. Called under _lock."""
+    from ._startup.sitecustomize import mp_pool_stand_in
+
+    def real_class(stand_in: type) -> type:
+        from ._patched import mp_pool_class
+        return mp_pool_class(stand_in)
+
+    original = module.__dict__.get(MP_POOL_NAME, _MISSING)
+    _saved["mp_pool_module"] = module
+    _saved["mp_pool"] = original
+    if isinstance(original, type):
+        stand_in = mp_pool_stand_in(original, real_class)
+        module.__dict__[MP_POOL_NAME] = stand_in
+        _saved["mp_pool_ours"] = stand_in
 
 
 def _take_over(process_module: ModuleType) -> None:
@@ -175,6 +207,10 @@ def _restore() -> None:
             module.__dict__.pop(NAME, None)
         else:
             module.__dict__[NAME] = _saved[key]
+    mp_pool_module = _saved.get("mp_pool_module")
+    stand_in = _saved.get("mp_pool_ours")
+    if stand_in is not None and mp_pool_module.__dict__.get(MP_POOL_NAME) is stand_in:
+        mp_pool_module.__dict__[MP_POOL_NAME] = _saved["mp_pool"]
     _saved.clear()
 
 

@@ -37,3 +37,24 @@ class ProcessPoolExecutor(ProcessPool):
                 "spawn" if max_tasks_per_child is not None else None)
         super().__init__(max_workers, mp_context, initializer, initargs,
                          max_tasks_per_child=max_tasks_per_child, **options)
+
+
+# The classes made so far, by the stand-in they subclass (one per patch: see
+# ``mp_pool_class``).
+_mp_classes: dict[type, type] = {}
+
+
+def mp_pool_class(stand_in: type) -> type:
+    """``pool.Pool`` as the class ``pool.patch()`` and ``python -m pool run`` make in place
+    of ``multiprocessing.pool.Pool``: a subclass of both pool's face and the stand-in that
+    took the stdlib's name (itself the stdlib's subclass), so that
+    ``isinstance(p, multiprocessing.pool.Pool)`` still holds. pool's methods come first;
+    the stdlib's ``__init__`` and threads are never used. Its default context is the
+    stdlib's, as ``pool.Pool``'s is."""
+    made = _mp_classes.get(stand_in)
+    if made is None:
+        from ._mp_pool import Pool as Face
+        made = type("Pool", (Face, stand_in), {"__module__": __name__, "__qualname__": "Pool",
+                                               "__doc__": Face.__doc__})
+        made = _mp_classes.setdefault(stand_in, made)
+    return made

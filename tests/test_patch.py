@@ -104,6 +104,7 @@ FACTS = """
             executor_imported="pool._patched" in sys.modules,
             startup_on_path=any(entry.endswith("_startup") for entry in sys.path),
             finder_left=any(type(finder).__name__ == "_PatchWhenImported"
+                            and finder._module_name == "concurrent.futures.process"
                             for finder in sys.meta_path),
             loader=type(process_module.__loader__).__name__,
             sitecustomize=getattr(sys.modules.get("sitecustomize"), "__file__", None))))
@@ -360,3 +361,72 @@ def test_tqdms_process_map_counts_every_task_on_the_patched_class(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "[0, 1, 4, 9, 16, 25, 36, 49, 64]\n"
     assert "9/9" in proc.stderr
+
+
+# -- multiprocessing.Pool ----------------------------------------------------------------
+
+import multiprocessing.pool as mp_pool_module  # noqa: E402
+
+STDLIB_POOL = mp_pool_module.Pool
+
+
+def test_patch_makes_every_multiprocessing_pool_pools_and_leaves_thread_pool_alone():
+    import multiprocessing
+    with pool.patch():
+        stand_in = mp_pool_module.Pool
+        assert stand_in is not STDLIB_POOL and issubclass(stand_in, STDLIB_POOL)
+        made = [multiprocessing.Pool(1), mp_pool_module.Pool(1),
+                multiprocessing.get_context("spawn").Pool(1)]
+        try:
+            for p in made:
+                assert isinstance(p, pool.Pool) and isinstance(p, STDLIB_POOL)
+                assert type(p).__module__ == "pool._patched"
+            assert made[0]._ctx is multiprocessing.get_context()  # the stdlib's default
+            assert made[2]._ctx.get_start_method() == "spawn"
+            assert made[2].map(abs, [-1, -2]) == [1, 2]
+        finally:
+            for p in made:
+                p.terminate()
+                p.join()
+        with mp_pool_module.ThreadPool(2) as threads:
+            assert type(threads) is mp_pool_module.ThreadPool
+            assert threads.map(abs, [-3]) == [3]
+        threads.join()
+
+        class Subclass(mp_pool_module.Pool):  # a subclass keeps the stdlib's engine
+            pass
+        assert issubclass(Subclass, STDLIB_POOL) and not issubclass(Subclass, pool.Pool)
+    assert mp_pool_module.Pool is STDLIB_POOL
+
+
+def test_undo_leaves_a_multiprocessing_pool_someone_else_replaced_since():
+    patch = pool.patch()
+    theirs = type("Pool", (STDLIB_POOL,), {})
+    mp_pool_module.Pool = theirs
+    try:
+        patch.undo()
+        assert mp_pool_module.Pool is theirs
+    finally:
+        mp_pool_module.Pool = STDLIB_POOL
+
+
+def test_the_startup_hook_patches_multiprocessing_pool_and_imports_pool_at_the_first_pool(
+        tmp_path):
+    proc = run_python("""
+        import json, multiprocessing, sys
+        import multiprocessing.pool
+        if __name__ == "__main__":
+            before = [name for name in sys.modules if name.split(".")[0] == "pool"]
+            stand_in = multiprocessing.pool.Pool
+            with multiprocessing.Pool(1) as p:
+                kind = type(p).__module__ + "." + type(p).__qualname__
+                squares = p.map(abs, [-1, -2])
+            thread_pool = multiprocessing.pool.ThreadPool.__mro__[1] is not stand_in
+            print(json.dumps(dict(before=before, squares=squares, kind=kind,
+                                  stand_in_of_the_stdlibs=stand_in.__mro__[1].__module__,
+                                  thread_pool=thread_pool)))
+        """, tmp_path, hook=True)
+    facts = json.loads(proc.stdout)
+    assert facts == dict(before=[], squares=[1, 2], kind="pool._patched.Pool",
+                         stand_in_of_the_stdlibs="multiprocessing.pool", thread_pool=True), \
+        proc.stderr

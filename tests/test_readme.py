@@ -47,11 +47,14 @@ EXPECTED = {
     ("docs/guide/run.rst", 0): [  # run as written, on the stdlib; under pool run: below
         r"^0 0$", r"^2 BrokenProcessPool: A process in the process pool was terminated "
         r"abruptly"],
-    ("docs/guide/run.rst", 1): [
+    ("docs/guide/run.rst", 1): [  # run as written, on the stdlib; under pool run: below
+        r"^0 0$", r"^2 4$", r"^3 TimeoutError $", r"^4 16$", r"^5 25$"],
+    ("docs/guide/run.rst", 2): [
         r"^<class 'pool\._patched\.ProcessPoolExecutor'>$", r"^True$",
         r"^<class 'concurrent\.futures\.process\.ProcessPoolExecutor'>$"],
 }
 SQUARES = ("docs/guide/run.rst", 0)
+TILES = ("docs/guide/run.rst", 1)
 
 
 def test_every_example_says_what_it_prints():
@@ -81,5 +84,18 @@ def test_the_pool_run_example_prints_what_its_page_shows(tmp_path):
                               timeout=90, cwd=str(tmp_path)).stdout.splitlines()
                for prefix in ([sys.executable], [sys.executable, "-m", "pool", "run"])]
     assert outputs[0] == stdlib_lines
+    assert [re.sub(r"pid \d+", "pid N", line) for line in outputs[1]] == [
+        re.sub(r"pid \d+", "pid N", line) for line in pool_lines]
+
+
+def test_the_multiprocessing_pool_example_prints_what_its_page_shows(tmp_path):
+    # As above, for tiles.py: under pool run, the death is a failure of one task, at once.
+    script = tmp_path / "tiles.py"
+    script.write_text(EXAMPLES[TILES])
+    stdlib_lines, pool_lines = literal_blocks_after(REPO_DIR / TILES[0], EXAMPLES[TILES])[:2]
+    outputs = [subprocess.run([*prefix, str(script)], capture_output=True, text=True,
+                              timeout=90, cwd=str(tmp_path)).stdout.splitlines()
+               for prefix in ([sys.executable], [sys.executable, "-m", "pool", "run"])]
+    assert [line.rstrip() for line in outputs[0]] == stdlib_lines
     assert [re.sub(r"pid \d+", "pid N", line) for line in outputs[1]] == [
         re.sub(r"pid \d+", "pid N", line) for line in pool_lines]

@@ -29,10 +29,11 @@ usage: python -m pool run [--] PROGRAM [ARGS ...]
        python -m pool run -c CODE [ARGS ...]
 
 Runs a Python program, module or command with concurrent.futures.ProcessPoolExecutor
-replaced by pool's (pool.patch()), in its own process and in every process it starts
-with this Python (this interpreter, in this environment) that inherits its environment:
-libraries that build their own process pools get pool's, where a worker's death fails
-one task with an explained error instead of breaking the pool.
+and multiprocessing.Pool replaced by pool's (pool.patch()), in its own process and in
+every process it starts with this Python (this interpreter, in this environment) that
+inherits its environment: libraries that build their own process pools get pool's, where
+a worker's death fails one task with an explained error instead of breaking the pool or
+leaving its result waiting for ever.
 
 PROGRAM is run by this Python, with this Python's own options (python -u -m pool run
 ...), when it ends in .py, .pyw or .pyz, is a directory, or is - (standard input), as
@@ -42,8 +43,8 @@ A bare NAME.py is taken from here if it is here, else from PATH. The program's e
 status is the command's (127: PROGRAM not found, 126: not runnable).
 
 It cannot reach code that imported the class before the patch, processes started with
-another Python or with an environment of their own (python -E or -I, env -i), or pools
-that are not concurrent.futures ones (multiprocessing.Pool, joblib, loky).
+another Python or with an environment of their own (python -E or -I, env -i), or other
+pools (joblib, loky; multiprocessing's ThreadPool is left alone).
 
 examples:
   python -m pool run -m compileall -j 2 src/

@@ -6,9 +6,12 @@ program's own code. That may be another interpreter, so it uses only what every 
 has. It imports nothing of pool: a program may have a module of its own named ``pool``.
 Guarantees: in the interpreter ``POOL_PATCH`` names, and only there,
 ``concurrent.futures.process.ProcessPoolExecutor`` gives ``pool._patched.ProcessPoolExecutor``
-once the module is imported, and so does ``concurrent.futures``'s. pool is imported at the
-first lookup of the name, not before. Every process then goes on as if this module were
-not there. Its directory leaves ``sys.path``. The ``sitecustomize`` it shadows, a
+once the module is imported, and so does ``concurrent.futures``'s; and
+``multiprocessing.pool.Pool`` is a stand-in that makes ``pool._patched``'s ``Pool`` (so do
+``multiprocessing.Pool`` and every context's ``.Pool``); ``ThreadPool`` stays the stdlib's.
+pool is imported at the first lookup of the name, or the first pool made, not before.
+Every process then goes on as if this module were not there. Its directory leaves
+``sys.path``. The ``sitecustomize`` it shadows, a
 distribution's or a virtual environment's, is imported in its place, with its errors
 reported as ``site`` reports them. It never keeps a program from starting.
 Assumes: ``pool/_patch.py`` names this interpreter the same way (``interpreter_key``); the
@@ -22,6 +25,8 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _POOL_PACKAGE = os.path.dirname(_HERE)
 _PROCESS_MODULE = "concurrent.futures.process"
 _NAME = "ProcessPoolExecutor"
+_MP_POOL_MODULE = "multiprocessing.pool"
+_MP_POOL_NAME = "Pool"
 
 
 def _start():  # type: () -> None
@@ -39,10 +44,13 @@ def _start():  # type: () -> None
                  "python -m pool run (%s): its process pools are not pool's"
                  % (sys.executable, key, wanted))
     if wanted == key:
-        if _PROCESS_MODULE in sys.modules:   # a .pth file imported it
-            _take_over(sys.modules[_PROCESS_MODULE])
-        else:
-            sys.meta_path.insert(0, _PatchWhenImported())
+        for name, take_over in ((_PROCESS_MODULE, _take_over),
+                                (_MP_POOL_MODULE, _take_over_mp_pool)):
+            if name in sys.modules:   # a .pth file imported it
+                take_over(sys.modules[name])
+            else:
+                finder = _PatchWhenImported(name, take_over)  # type: ignore[no-untyped-call]
+                sys.meta_path.insert(0, finder)
     _import_the_shadowed_sitecustomize()
 
 
@@ -60,6 +68,51 @@ def _take_over(module):  # type: (object) -> None
         return found
 
     namespace["__getattr__"] = __getattr__
+
+
+def _take_over_mp_pool(module):  # type: (object) -> None
+    """The module's Pool becomes a stand-in that builds pool's, looked up on first use."""
+    original = module.__dict__.get(_MP_POOL_NAME)
+    if isinstance(original, type):
+        module.__dict__[_MP_POOL_NAME] = mp_pool_stand_in(original, _pool_mp_class)
+
+
+def mp_pool_stand_in(original, real_class):  # type: (type, object) -> type
+    """A subclass of the stdlib's ``multiprocessing.pool.Pool`` to put in its place. Made
+    as itself (``multiprocessing.Pool(...)``, ``multiprocessing.pool.Pool(...)``, every
+    context's ``.Pool(...)``), it makes ``real_class(stand_in)``'s object instead: pool's,
+    a subclass of this one, so ``isinstance`` checks still hold. Everything else stays the
+    stdlib's: ``ThreadPool``, which calls ``Pool.__init__`` and the stdlib's static
+    helpers through the module's name ``Pool``, and classes that subclass it."""
+    class Pool(original):  # type: ignore[misc]
+        __doc__ = original.__doc__
+
+        def __new__(cls, *args, **kwargs):  # type: ignore[no-untyped-def]
+            if cls is Pool:
+                real = real_class(Pool)  # type: ignore[operator]
+                if real is not None:
+                    return object.__new__(real)  # type.__call__ then runs its __init__
+            return object.__new__(cls)
+
+    Pool.__module__ = original.__module__
+    Pool.__qualname__ = original.__qualname__
+    return Pool
+
+
+def _pool_mp_class(stand_in):  # type: (type) -> object
+    """pool's ``multiprocessing.Pool`` face as the stand-in's subclass; None (the stdlib's
+    pool then) where pool cannot be imported, with a word on why."""
+    try:
+        if not _import_this_pool():
+            _say("pool: this program has a module of its own named pool, so its process "
+                 "pools stay the stdlib's (python -m pool run cannot import pool's)")
+            return None
+        from pool._patched import mp_pool_class
+        return mp_pool_class(stand_in)
+    except Exception as exc:   # never keep the program from running
+        _say("pool: python -m pool run cannot patch this process (%s: %s)"
+             % (type(exc).__name__, exc))
+        return None
 
 
 def _pool_class(original):  # type: (object) -> object
@@ -114,13 +167,17 @@ def _is_this_pool(path):  # type: (object) -> bool
 
 
 class _PatchWhenImported(object):
-    """A meta path finder that finds nothing itself. It has the finders after it find
-    ``concurrent.futures.process``, and patches the module once its code has run. Then it
-    leaves the import system: ``sys.meta_path`` is rebound, not changed in place, since
-    another thread may be going through it."""
+    """A meta path finder that finds nothing itself. It has the finders after it find its
+    module (``concurrent.futures.process``, ``multiprocessing.pool``), and patches the
+    module once its code has run. Then it leaves the import system: ``sys.meta_path`` is
+    rebound, not changed in place, since another thread may be going through it."""
+
+    def __init__(self, module_name, take_over):  # type: ignore[no-untyped-def]
+        self._module_name = module_name
+        self.take_over = take_over
 
     def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
-        if name != _PROCESS_MODULE:
+        if name != self._module_name:
             return None
         finders = list(sys.meta_path)
         if self not in finders:
@@ -155,7 +212,7 @@ class _LoaderThenPatch(object):
             module.__spec__.loader = self._loader
         self._loader.exec_module(module)
         sys.meta_path = [finder for finder in sys.meta_path if finder is not self._finder]
-        _take_over(module)
+        self._finder.take_over(module)
 
     def __getattr__(self, name):  # type: ignore[no-untyped-def]
         return getattr(self._loader, name)
