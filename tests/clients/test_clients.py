@@ -1,6 +1,7 @@
-"""Real programs that build their own ``ProcessPoolExecutor``, run as they are and under
-``python -m pool run``: black, compileall, tqdm's ``process_map`` and dask's processes
-scheduler. Run by tox's ``clients`` environment, not the core matrix.
+"""Real programs that build their own ``ProcessPoolExecutor`` or ``multiprocessing.Pool``,
+run as they are and under ``python -m pool run``: black, compileall, tqdm's
+``process_map`` and dask's processes scheduler; flake8 and isort. Run by tox's ``clients``
+environment, not the core matrix.
 
 Each program runs twice, each time in its own copy of the same directory: the outputs,
 exit statuses and files it leaves must be the same. A probe (a ``sitecustomize`` on
@@ -134,6 +135,52 @@ def test_compileall_with_two_workers(tmp_path):
     compiled = {name for name in files_of(stdlib.directory) if name.endswith(".pyc")}
     assert len(compiled) == 10
     assert compiled == {name for name in files_of(pooled.directory) if name.endswith(".pyc")}
+
+
+def lint_tree(directory: Path) -> None:
+    """Python files with style faults and unsorted imports, one of which does not parse."""
+    tree = directory / "tree"
+    (tree / "sub").mkdir(parents=True)
+    for n in range(6):
+        (tree / f"module{n}.py").write_text(
+            f"import sys\nimport os\nx = [1,2 ,{n}]\ndef f( a ):\n  return os, sys, a\n")
+        (tree / "sub" / f"clean{n}.py").write_text(f"import os\n\nY = os.sep * {n}\n")
+    (tree / "broken.py").write_text("def broken(:\n    pass\n")
+
+
+def console_script(name: str) -> str:
+    # (The console script pip wrote beside this Python: what a user types.)
+    path = shutil.which(name, path=str(Path(sys.executable).parent))
+    assert path, f"the clients environment installs {name}"
+    return path
+
+
+def test_flake8_with_two_jobs(tmp_path):
+    # flake8 -j runs its checks on a multiprocessing.Pool (imap_unordered, then close and
+    # join): under pool run, pool's.
+    runs = run_both([console_script("flake8"), "-j", "2", "tree"], tmp_path, lint_tree)
+    show("flake8 -j 2 tree", runs)
+    stdlib, pooled = runs["stdlib"], runs["pool"]
+    assert stdlib.status == pooled.status == 1
+    assert stdlib.stdout == pooled.stdout and "tree/module3.py:3:7: E231" in pooled.stdout
+    assert "tree/broken.py:1:13: E999 SyntaxError" in pooled.stdout
+    assert stdlib.stderr == pooled.stderr == ""
+
+
+def test_isort_with_two_jobs(tmp_path):
+    # isort --jobs sorts files on a multiprocessing.Pool (imap, in a with block).
+    runs = run_both([console_script("isort"), "--jobs", "2", "tree"], tmp_path, lint_tree)
+    show("isort --jobs 2 tree", runs)
+    stdlib, pooled = runs["stdlib"], runs["pool"]
+    assert stdlib.status == pooled.status == 0
+    # One "Fixing" per file, in the order the workers finish them; each worker writes the
+    # line and its end apart, so two workers' lines may run together (with both pools).
+    fixed = [sorted(re.findall(r"Fixing (\S+?\.py)", ran.text("stdout"))) for ran in runs.values()]
+    assert fixed[0] == fixed[1] == [f"DIR/tree/module{n}.py" for n in range(6)]
+    assert stdlib.stderr == pooled.stderr
+    sorted_files = files_of(pooled.directory / "tree")
+    assert sorted_files == files_of(stdlib.directory / "tree")
+    assert sorted_files["module0.py"].startswith(b"import os\nimport sys\n")
 
 
 def script(text: str) -> Callable[[Path], None]:
