@@ -11,8 +11,9 @@ so a noisy machine hurts them alike. For each workload it prints the median over
 rounds, min-max, and the ratio to the stdlib (higher is better for rates, lower for times).
 It also measures what the machine allows in the same run: a raw ``multiprocessing.Pipe``
 ping-pong between two processes and one-way ``os.pipe`` bandwidth. Compared:
-``pool.ProcessPool``, ``ProcessPoolExecutor``, ``multiprocessing.Pool``; loky and pebble as
-well when they are installed.
+``pool.ProcessPool``, ``ProcessPoolExecutor``, ``multiprocessing.Pool`` and ``pool.Pool``
+(whose ratios are to ``multiprocessing.Pool``'s, marked ``mp``); loky as well when it is
+installed.
 
 Stdlib only (plus the pools themselves; with numpy installed, a row for an array). Nothing
 here is asserted; the test suite never times anything.
@@ -84,6 +85,10 @@ class Adapter:
     def map(self, p: Any, fn: Callable[..., Any], items: Any, chunksize: int) -> list[Any]:
         return list(p.map(fn, items, chunksize=chunksize))
 
+    def map_default(self, p: Any, fn: Callable[..., Any], items: Any) -> list[Any]:
+        """``map`` as its users call it most: its own default chunks (an executor's: 1)."""
+        return list(p.map(fn, items))
+
     def stop(self, p: Any) -> None:
         p.shutdown(wait=True)
 
@@ -138,8 +143,25 @@ class MultiprocessingPoolAdapter(Adapter):
         p.join()
 
 
+class PoolPoolAdapter(MultiprocessingPoolAdapter):
+    """``pool.Pool``, the ``multiprocessing.Pool`` face, on the same default start method
+    as ``mp.Pool``'s row; its ratios are to that row."""
+    name = "pool.Pool"
+
+    def start(self) -> Any:
+        return pool.Pool(self.workers)
+
+    def abandon(self, p: Any) -> None:
+        p.terminate()
+
+
+# Each row's ratio is to this row, in the same run: pool.Pool's to multiprocessing.Pool's.
+BASELINE_OF = {"pool.Pool": "mp.Pool"}
+
+
 def available_adapters() -> list[type[Adapter]]:
-    adapters: list[type[Adapter]] = [PoolAdapter, StdlibAdapter, MultiprocessingPoolAdapter]
+    adapters: list[type[Adapter]] = [PoolAdapter, StdlibAdapter, MultiprocessingPoolAdapter,
+                                     PoolPoolAdapter]
     try:
         import loky  # type: ignore[import-not-found]
 
@@ -202,6 +224,12 @@ def w_map_chunks(adapter: Adapter, p: Any, n: int) -> dict[str, float]:
     return {"map chunksize=1000, items/s": items / (time.perf_counter() - started)}
 
 
+def w_map_default(adapter: Adapter, p: Any, n: int) -> dict[str, float]:
+    started = time.perf_counter()
+    adapter.map_default(p, noop, list(range(n)))
+    return {"map default chunks, items/s": n / (time.perf_counter() - started)}
+
+
 def w_latency(adapter: Adapter, p: Any, n: int) -> dict[str, float]:
     times = []
     for i in range(min(n, 3000)):
@@ -246,7 +274,7 @@ def w_cpu(adapter: Adapter, p: Any, n: int, work: int, single: float) -> dict[st
     return {"CPU-bound, fraction of ideal": ideal / elapsed}
 
 
-WORKLOADS = [w_submit, w_map1, w_map_chunks, w_latency, w_bytes, w_array]
+WORKLOADS = [w_submit, w_map1, w_map_default, w_map_chunks, w_latency, w_bytes, w_array]
 
 
 def start_to_first_result(adapter: Adapter) -> float:
@@ -349,8 +377,6 @@ def report(title: str, results: dict[str, dict[str, list[float]]], names: list[s
     print(header)
     for metric in metrics:
         row = f"  {metric:30}"
-        base = results.get("stdlib", {}).get(metric)
-        base_median = statistics.median(base) if base else None
         for name in names:
             values = results[name].get(metric)
             if not values:
@@ -358,8 +384,11 @@ def report(title: str, results: dict[str, dict[str, list[float]]], names: list[s
                 continue
             median = statistics.median(values)
             cell = f"{fmt(median)} ({fmt(min(values))}-{fmt(max(values))})"
-            if base_median and name != "stdlib":
-                cell += f" {median / base_median:.2f}x"
+            baseline = BASELINE_OF.get(name, "stdlib")
+            base = results.get(baseline, {}).get(metric)
+            if base and name != "stdlib":
+                suffix = "" if baseline == "stdlib" else " mp"
+                cell += f" {median / statistics.median(base):.2f}x{suffix}"
             row += f"{cell:>34}"
         print(row)
 
@@ -382,7 +411,7 @@ def main() -> None:
     print(f"Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.workers} workers, "
           f"start method {args.start_method} (mp.Pool: its default, "
           f"{multiprocessing.get_start_method()}), {args.rounds} rounds, median (min-max) "
-          f"and ratio to the stdlib")
+          f"and ratio to the stdlib (pool.Pool's: to mp.Pool's, marked mp)")
 
     ping = [pipe_ping_pong(ctx) for _ in range(args.rounds)]
     bandwidth = [pipe_bandwidth(ctx) for _ in range(args.rounds)]

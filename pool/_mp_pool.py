@@ -28,10 +28,10 @@ import itertools
 import multiprocessing
 import threading
 import warnings
-from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sized, TypeVar
 
 from ._errors import copy_error
+from ._futures import PoolFuture
 from ._latch import Latch
 from ._locks import InterruptSafeLock
 from ._mp_results import AsyncResult, IMapIterator, MapResult
@@ -127,10 +127,8 @@ class Pool:
                     ) -> AsyncResult[T]:
         """``func(*args, **kwds)`` in a worker, as an :class:`AsyncResult`."""
         executor = self._running()
-        result: AsyncResult[T] = AsyncResult(callback, error_callback)
         future = executor.schedule(func, tuple(args), {} if kwds is None else dict(kwds))
-        future.add_done_callback(result._resolved)
-        return result
+        return AsyncResult([future], callback, error_callback)
 
     def map(self, func: Callable[..., T], iterable: Iterable[Any],
             chunksize: int | None = None) -> list[T]:
@@ -232,15 +230,12 @@ class Pool:
         elif chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize:n}")
         chunks = [] if length == 0 else list(_chunked(iter(items), chunksize))
-        result: MapResult[Any] = MapResult(length, len(chunks), callback, error_callback)
         submit_group = executor._group_submitter(func, functools.partial(run_items, func, star),
                                                  functools.partial(_described, star))
         futures = submit_group([(chunk,) for chunk in chunks])
-        start = 0
-        for chunk, future in zip(chunks, futures):
-            future.add_done_callback(functools.partial(result._chunk_done, start, len(chunk)))
-            start += len(chunk)
-        return result
+        # (An empty input is ready at once, with no callback called: as the stdlib's.)
+        return MapResult(futures, [len(chunk) for chunk in chunks],
+                         callback if chunks else None, error_callback if chunks else None)
 
     def _imap(self, func: Callable[..., Any], iterable: Iterable[Any], chunksize: int,
               ordered: bool) -> IMapIterator[Any]:
@@ -264,7 +259,7 @@ class Pool:
         return result
 
     def _feed(self, iterable: Iterable[Any], chunksize: int,
-              submit_group: Callable[[list[tuple[Any, ...]]], list[Future[Any]]],
+              submit_group: Callable[[list[tuple[Any, ...]]], list[PoolFuture[Any]]],
               result: IMapIterator[Any], done: Latch) -> None:
         """The feeder thread: reads the input, submits it a group of chunks at a time, and
         says how long it was. An input that raises fails the item it was reading, the last
@@ -288,8 +283,7 @@ class Pool:
                     result._failed_at(start, copy_error(error))
                     return
                 for chunk, future in zip(group, futures):
-                    future.add_done_callback(
-                        functools.partial(result._chunk_done, start, len(chunk)))
+                    result._submitted(start, len(chunk), future)
                     start += len(chunk)
         finally:
             self._fed(done)

@@ -3,19 +3,21 @@
 (``imap``, ``imap_unordered``), each over the pool's futures.
 
 Owns: each result's outcome, set once, and each iterator's items not yet taken.
-Runs in: callers' threads (``get``, ``wait``, ``next``) and the pool's callback threads,
-which resolve the results and run the user's ``callback`` and ``error_callback``.
+Runs in: callers' threads (``get``, ``wait``, ``next``); the pool's callback threads, which
+run the user's ``callback`` and ``error_callback``; the dispatcher thread, which only puts
+a finished chunk of ``imap_unordered`` on its queue (``PoolFuture._when_done``).
 Guarantees:
 - a result is ready only once its ``callback`` or ``error_callback`` has run, as with the
   stdlib; one that raises is logged and the result is ready all the same (the stdlib's
-  result thread dies of it, and every later ``get()`` of that pool hangs);
-- ``get``, ``wait`` and ``next`` wait on latches or a C queue, in slices: a Ctrl-C always
-  interrupts them, and leaves nothing taken that a callback thread needs;
+  result thread dies of it, and every later ``get()`` of that pool hangs). A result with
+  neither is its futures': nothing runs on another thread to make it ready;
+- ``get``, ``wait`` and ``next`` wait on the futures' latches or a C queue, in slices: a
+  Ctrl-C always interrupts them, and leaves nothing taken that another thread needs;
 - in a chunk, an item's exception fails that item alone; what ends the chunk's task (the
   worker's death, its timeout, a cancelled task) fails each of its items, with a copy of
   the same error.
-Assumes: the futures are the pool's, whose done-callbacks run off the dispatcher thread,
-and a chunk's task returns what ``_worker.items.run_items`` returns.
+Assumes: the futures are the pool's (``PoolFuture``), whose done-callbacks run off the
+dispatcher thread, and a chunk's task returns what ``_worker.items.run_items`` returns.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from concurrent.futures import CancelledError, Future
 from typing import Any, Callable, Generic, TypeVar
 
 from ._errors import copy_error
+from ._futures import PoolFuture, failed_future
 from ._latch import SIGNAL_CHECK_SECONDS, Latch
 from ._locks import InterruptSafeLock
 from ._wire.exceptions import decode_exception
@@ -41,18 +44,19 @@ T = TypeVar("T")
 Outcome = tuple[bool, Any]
 
 
-def outcome_of(future: Future[Any]) -> Outcome:
+def outcome_of(future: PoolFuture[Any]) -> Outcome:
     """A done task's outcome; a cancelled one fails with CancelledError (the stdlib's
     results of a terminated pool never become ready)."""
     try:
-        return True, future.result(timeout=0)
+        error = future.exception(timeout=0)
     except CancelledError:
         return False, CancelledError("the pool was terminated before this task ran")
-    except BaseException as error:
+    if error is not None:
         return False, error
+    return True, future.result(timeout=0)
 
 
-def chunk_outcomes(future: Future[Any], size: int) -> list[Outcome]:
+def chunk_outcomes(future: PoolFuture[Any], size: int) -> list[Outcome]:
     """Each item's outcome, from a done chunk task (``run_items``)."""
     ok, value = outcome_of(future)
     if not ok:
@@ -64,32 +68,54 @@ def chunk_outcomes(future: Future[Any], size: int) -> list[Outcome]:
     return outcomes
 
 
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else max(0.0, deadline - time.monotonic())
+
+
 class AsyncResult(Generic[T]):
     """What ``apply_async`` returns: ``get``, ``wait``, ``ready`` and ``successful``, as
     ``multiprocessing.pool.AsyncResult``. ``get(timeout)`` raises
     ``multiprocessing.TimeoutError`` if the result is not ready in time."""
 
-    def __init__(self, callback: Callable[[Any], object] | None,
+    def __init__(self, futures: list[PoolFuture[Any]],
+                 callback: Callable[[Any], object] | None,
                  error_callback: Callable[[BaseException], object] | None) -> None:
-        self._ready = Latch()
-        self._success = False
-        self._value: Any = None
-        self._callback = callback
-        self._error_callback = error_callback
+        self._futures = futures
+        self._outcome: Outcome | None = None
+        # With a callback, ready means "its callback has run": a latch the callback thread
+        # sets after it. Without one, ready is the futures' own state.
+        self._ran: Latch | None = None
+        if callback is not None or error_callback is not None:
+            self._ran = Latch()
+            self._callback, self._error_callback = callback, error_callback
+            self._left = len(futures)
+            self._left_lock = InterruptSafeLock()  # callback threads only
+            for future in futures:
+                future.add_done_callback(self._one_done)
+            if not futures:
+                self._ran.set()
 
     def ready(self) -> bool:
         """Whether the task has ended (and its callback has run)."""
-        return self._ready.is_set
+        if self._ran is not None:
+            return self._ran.is_set
+        return all(future.done() for future in self._futures)
 
     def successful(self) -> bool:
         """Whether it ended with a result; ``ValueError`` if it has not ended."""
         if not self.ready():
             raise ValueError(f"{self!r} not ready")
-        return self._success
+        return self._get_outcome()[0]
 
     def wait(self, timeout: float | None = None) -> None:
         """Wait until it has ended, or ``timeout`` seconds."""
-        self._ready.wait(timeout)
+        if self._ran is not None:
+            self._ran.wait(timeout)
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for future in self._futures:
+            if not future._wait_done(_remaining(deadline)):
+                return
 
     def get(self, timeout: float | None = None) -> T:
         """The result, or the task's exception raised; ``multiprocessing.TimeoutError``
@@ -97,27 +123,39 @@ class AsyncResult(Generic[T]):
         self.wait(timeout)
         if not self.ready():
             raise multiprocessing.TimeoutError
-        if self._success:
-            return self._value  # type: ignore[no-any-return]
-        raise self._value
+        ok, value = self._get_outcome()
+        if ok:
+            return value  # type: ignore[no-any-return]
+        raise value
 
-    def _resolved(self, future: Future[Any]) -> None:
-        """The task's done-callback (a callback thread, or the submitting thread if the
-        call could not be pickled)."""
-        self._set(*outcome_of(future))
+    def _get_outcome(self) -> Outcome:
+        """The outcome, once ready (computed once: every ``get()`` sees the same)."""
+        if self._outcome is None:
+            self._outcome = self._compute_outcome()
+        return self._outcome
 
-    def _set(self, success: bool, value: Any) -> None:
-        self._success, self._value = success, value
-        callback = self._callback if success else self._error_callback
+    def _compute_outcome(self) -> Outcome:
+        return outcome_of(self._futures[0])
+
+    def _one_done(self, _future: Future[Any]) -> None:
+        """A future's done-callback, with a user callback to run once all are done (a
+        callback thread, or the submitting thread for a call that could not be sent)."""
+        with self._left_lock:
+            self._left -= 1
+            if self._left:
+                return
+        assert self._ran is not None
+        ok, value = self._get_outcome()
+        callback = self._callback if ok else self._error_callback
         try:
             if callback is not None:
                 callback(value)
         except BaseException:
-            logger.exception("%s %r of %r raised", "callback" if success else "error_callback",
+            logger.exception("%s %r of %r raised", "callback" if ok else "error_callback",
                              callback, self)
         finally:
             self._callback = self._error_callback = None
-            self._ready.set()
+            self._ran.set()
 
 
 class MapResult(AsyncResult[list[T]]):
@@ -125,33 +163,32 @@ class MapResult(AsyncResult[list[T]]):
     ``get()`` gives the results in input order, or raises the first exception to arrive,
     as the stdlib's does; ``callback`` gets the list, ``error_callback`` that exception."""
 
-    def __init__(self, length: int, chunks: int,
+    def __init__(self, chunks: list[PoolFuture[Any]], sizes: list[int],
                  callback: Callable[[Any], object] | None,
                  error_callback: Callable[[BaseException], object] | None) -> None:
-        super().__init__(callback, error_callback)
-        self._values: list[Any] = [None] * length
-        self._error: BaseException | None = None
-        self._left = chunks
-        self._lock = InterruptSafeLock()  # callback threads only
-        if chunks == 0:  # an empty input: ready at once, no callback (as the stdlib)
-            self._success, self._value = True, self._values
-            self._ready.set()
+        self._sizes = sizes
+        # The chunks as they end, put there by the thread that ends each (see _when_done):
+        # which failure arrived first.
+        self._arrivals: collections.deque[Future[Any]] = collections.deque()
+        for future in chunks:
+            future._when_done(self._arrivals.append)
+        super().__init__(chunks, callback, error_callback)
 
-    def _chunk_done(self, start: int, size: int, future: Future[Any]) -> None:
-        outcomes = chunk_outcomes(future, size)
-        with self._lock:
-            for index, (ok, value) in enumerate(outcomes, start):
-                if ok:
-                    self._values[index] = value
-                elif self._error is None:
-                    self._error = value
-            self._left -= 1
-            if self._left:
-                return
-        if self._error is None:
-            self._set(True, self._values)
-        else:
-            self._set(False, self._error)
+    def _compute_outcome(self) -> Outcome:
+        values: list[Any] = []
+        failed: dict[int, BaseException] = {}  # by chunk
+        for number, (future, size) in enumerate(zip(self._futures, self._sizes)):
+            for ok, value in chunk_outcomes(future, size):
+                values.append(value if ok else None)
+                if not ok and number not in failed:
+                    failed[number] = value
+        if not failed:
+            return True, values
+        number_of = {id(future): number for number, future in enumerate(self._futures)}
+        # In the order they arrived; one whose hook had not run yet when we looked, last.
+        arrived = [number_of[id(future)] for future in list(self._arrivals)]
+        order = arrived + sorted(set(failed) - set(arrived))
+        return False, next(failed[number] for number in order if number in failed)
 
 
 class IMapIterator(Generic[T]):
@@ -162,10 +199,12 @@ class IMapIterator(Generic[T]):
 
     def __init__(self, ordered: bool) -> None:
         self._ordered = ordered
-        # (start, outcomes) from the callback threads and the feeder; (-1, length) once
-        # the feeder knows how many items there are.
-        self._arrivals: queue.SimpleQueue[tuple[int, Any]] = queue.SimpleQueue()
-        self._waiting: dict[int, list[Outcome]] = {}   # ordered: arrived ahead of their turn
+        # (start, size, future) for each chunk: from the feeder as it submits them
+        # (ordered), or as they end (unordered); (-1, length, None) once the feeder knows
+        # how many items there are.
+        self._entries: queue.SimpleQueue[tuple[int, int, PoolFuture[Any] | None]] = (
+            queue.SimpleQueue())
+        self._current: tuple[int, int, PoolFuture[Any]] | None = None  # awaited, ordered
         self._ready: collections.deque[Outcome] = collections.deque()
         self._taken = 0            # items moved to _ready
         self._length: int | None = None
@@ -182,7 +221,18 @@ class IMapIterator(Generic[T]):
             while not self._ready:
                 if self._length is not None and self._taken >= self._length:
                     raise StopIteration
-                self._take(self._next_arrival(deadline))
+                if self._current is None:
+                    start, size, future = self._next_entry(deadline)
+                    if future is None:
+                        self._length = size
+                        continue
+                    self._current = (start, size, future)
+                _, size, future = self._current
+                if not future._wait_done(_remaining(deadline)):
+                    raise multiprocessing.TimeoutError
+                self._current = None
+                self._ready.extend(chunk_outcomes(future, size))
+                self._taken += size
             ok, value = self._ready.popleft()
         if ok:
             return value  # type: ignore[no-any-return]
@@ -190,41 +240,30 @@ class IMapIterator(Generic[T]):
 
     __next__ = next
 
-    def _next_arrival(self, deadline: float | None) -> tuple[int, Any]:
+    def _next_entry(self, deadline: float | None
+                    ) -> tuple[int, int, PoolFuture[Any] | None]:
         while True:
             left = SIGNAL_CHECK_SECONDS if deadline is None else min(
                 SIGNAL_CHECK_SECONDS, deadline - time.monotonic())
             if left <= 0:
                 raise multiprocessing.TimeoutError
             try:
-                return self._arrivals.get(timeout=left)
+                return self._entries.get(timeout=left)
             except queue.Empty:
                 continue
 
-    def _take(self, arrival: tuple[int, Any]) -> None:
-        start, outcomes = arrival
-        if start < 0:
-            self._length = outcomes
-            return
-        if not self._ordered:
-            self._ready.extend(outcomes)
-            self._taken += len(outcomes)
-            return
-        self._waiting[start] = outcomes
-        while self._taken in self._waiting:
-            now = self._waiting.pop(self._taken)
-            self._ready.extend(now)
-            self._taken += len(now)
+    # -- the feeder's side -----------------------------------------------------------------
 
-    # -- the feeder's and the callback threads' side --------------------------------------
-
-    def _chunk_done(self, start: int, size: int, future: Future[Any]) -> None:
-        self._arrivals.put((start, chunk_outcomes(future, size)))
+    def _submitted(self, start: int, size: int, future: PoolFuture[Any]) -> None:
+        if self._ordered:
+            self._entries.put((start, size, future))
+        else:  # as it ends, on the thread that ends it: a put on a C queue, nothing more
+            future._when_done(lambda _: self._entries.put((start, size, future)))
 
     def _failed_at(self, start: int, error: BaseException) -> None:
         """The input could not go on from item ``start``: that item fails, the last."""
-        self._arrivals.put((start, [(False, error)]))
-        self._arrivals.put((-1, start + 1))
+        self._submitted(start, 1, failed_future(error))
+        self._entries.put((-1, start + 1, None))
 
     def _ended(self, length: int) -> None:
-        self._arrivals.put((-1, length))
+        self._entries.put((-1, length, None))

@@ -13,6 +13,7 @@ Assumes: ``fn`` and the items came in the chunk's call, unpickled.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable
 
 from .._wire.exceptions import encode_exception
@@ -20,16 +21,21 @@ from .._wire.exceptions import encode_exception
 
 def run_items(fn: Callable[..., Any], star: bool, items: list[Any]
               ) -> tuple[list[Any], list[tuple[int, bytes]]]:
-    """``fn(item)`` for each item (``fn(*item)`` with ``star``), each exception caught."""
+    """``fn(item)`` for each item (``fn(*item)`` with ``star``), each exception caught.
+    The items run in C's loop (``list.extend`` over ``map``), as fast as a plain chunk's;
+    an exception leaves the items before it in ``values`` and the iterator at the next."""
     values: list[Any] = []
     failures: list[tuple[int, bytes]] = []
-    for index, item in enumerate(items):
+    calls = itertools.starmap(fn, items) if star else map(fn, items)
+    while True:
         try:
-            values.append(fn(*item) if star else fn(item))
+            values.extend(calls)
+            return values, failures
         except BaseException as exc:  # as a task's: SystemExit and the like fail the item
-            if exc.__traceback__ is not None and exc.__traceback__.tb_next is not None:
-                exc.__traceback__ = exc.__traceback__.tb_next  # the user's frame first
-            failures.append((index, encode_exception(exc)))
+            tb = exc.__traceback__
+            while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+                tb = tb.tb_next  # the user's frame first
+            exc.__traceback__ = tb
+            failures.append((len(values), encode_exception(exc)))
             values.append(None)
-            del exc
-    return values, failures
+            del exc, tb
