@@ -35,6 +35,7 @@ from ._futures import PoolFuture, failed_future
 from ._latch import SIGNAL_CHECK_SECONDS, Latch
 from ._locks import InterruptSafeLock
 from ._wire.exceptions import decode_exception
+from ._wire.pickling import UNPICKLABLE_RESULT
 
 logger = logging.getLogger("pool")
 
@@ -52,8 +53,22 @@ def outcome_of(future: PoolFuture[Any]) -> Outcome:
     except CancelledError:
         return False, CancelledError("the pool was terminated before this task ran")
     if error is not None:
-        return False, error
+        return False, _as_the_stdlib_reports(error)
     return True, future.result(timeout=0)
+
+
+def _as_the_stdlib_reports(error: BaseException) -> BaseException:
+    """A return value the worker could not pickle is ``multiprocessing.pool``'s
+    ``MaybeEncodingError``, as with the stdlib's pool, caused by the pickling error."""
+    value_type = getattr(error, UNPICKLABLE_RESULT, None)
+    if value_type is None:
+        return error
+    import multiprocessing.pool
+    # (Public in the module, undocumented, and missing from typeshed.)
+    encoding_error: type[BaseException] = getattr(multiprocessing.pool, "MaybeEncodingError")
+    wrapped = encoding_error(error, f"<a {value_type} the worker could not pickle>")
+    wrapped.__cause__ = error
+    return wrapped
 
 
 def chunk_outcomes(future: PoolFuture[Any], size: int) -> list[Outcome]:

@@ -251,6 +251,21 @@ def test_an_input_that_raises_fails_the_item_it_was_reading_then_ends(ctx):
     assert got == [0, 1, 4, ("OSError", "input broke")]
 
 
+def test_a_result_the_worker_cannot_pickle_is_the_stdlibs_maybe_encoding_error(ctx):
+    def use(p):
+        seen = []
+        result = p.apply_async(tasks.return_lock, error_callback=seen.append)
+        with pytest.raises(multiprocessing.pool.MaybeEncodingError) as caught:
+            result.get(30)
+        chunk = p.map_async(tasks.return_lock, range(3), chunksize=3)
+        with pytest.raises(multiprocessing.pool.MaybeEncodingError):
+            chunk.get(30)
+        return (type(seen[0]).__name__, "cannot pickle" in str(caught.value),
+                p.apply(tasks.square, (3,)))  # and the pool goes on
+    stdlib, ours = both(ctx, use)
+    assert ours == stdlib == ("MaybeEncodingError", True, 9)
+
+
 def test_an_unpicklable_argument_fails_its_result(ctx):
     with pool.Pool(1, context=ctx) as p:
         result = p.apply_async(tasks.identity, (threading.Lock(),))

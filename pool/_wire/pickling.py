@@ -178,6 +178,12 @@ def load_arguments(source: Any) -> Any:
 
 # --- results (pickled in the worker, decoded by the dispatcher) ----------------------------
 
+# Set on the pickling error of a task's return value, naming the value's type; it travels
+# in the exception's ``__dict__``. pool.Pool reports such an error as the stdlib's pool
+# does, as a ``MaybeEncodingError`` (``_mp_results``).
+UNPICKLABLE_RESULT = "_pool_unpicklable_result"
+
+
 def encode_result(value: Any) -> tuple[Kind, Buffers]:
     """Pickle a return value; if it cannot be, a RAISED frame carries the pickling error
     itself (as the stdlib raises it), with a note naming the value's type."""
@@ -192,6 +198,10 @@ def encode_result(value: Any) -> tuple[Kind, Buffers]:
     except BaseException as exc:
         exc.add_note(f"(raised while pickling the task's return value, a "
                      f"{type(value).__qualname__}, in the worker)")
+        try:
+            setattr(exc, UNPICKLABLE_RESULT, type(value).__qualname__)
+        except BaseException:
+            pass  # an exception without a __dict__: the note still says it
         return Kind.RAISED, [encode_exception(exc)]
 
 
