@@ -175,7 +175,8 @@ def _start(path: str, method: str, seed: int, python: str, directory: str
         body = textwrap.indent(textwrap.dedent(SCRIPTS[path]), "    ")
         script.write_text(PRELUDE.format(tests=str(TESTS_DIR))
                           + "\nif __name__ == '__main__':\n" + body)
-        command = [python, *(["-m", "pool", "run"] if path == "pool-run" else []), str(script)]
+        command = [python, *(["-m", "pool", "run"] if path.endswith("pool-run") else []),
+                   str(script)]
         main = subprocess.Popen(command, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=env, cwd=directory,
                                 start_new_session=True)

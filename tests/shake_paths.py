@@ -108,6 +108,40 @@ with concurrent.futures.ProcessPoolExecutor(2, mp_context=CTX) as p:
     for f in concurrent.futures.as_completed(FUTURES):
         f.result()
 ''',
+    # pool.Pool, the multiprocessing.Pool face: results of apply_async and map_async, then
+    # imap over a generator, as its users write it.
+    "mp-pool": '''
+class _Ready:   # the check at exit asks done(); a result says ready()
+    def __init__(self, result):
+        self.done = result.ready
+with pool.Pool(2, context=CTX) as p:
+    p.apply(abs, (0,))
+    results = [p.apply_async(tasks.sleep_then, (0.01, i)) for i in range(40)]
+    results.append(p.map_async(abs, range(-200, 0), chunksize=7))
+    results.append(p.apply_async(tasks.sleep_then, (LONG,)))
+    FUTURES.extend(_Ready(result) for result in results)
+    begin()
+    for _ in p.imap(tasks.sleep_then, (0.01 for _ in range(30))):
+        pass
+    for result in results:
+        result.get()
+''',
+    # A program written for the stdlib's multiprocessing.Pool, run by ``python -m pool run``.
+    "mp-pool-run": '''
+import multiprocessing.pool
+class _Ready:
+    def __init__(self, result):
+        self.done = result.ready
+with CTX.Pool(2) as p:
+    if not type(p).__module__.startswith("pool"):
+        sys.exit(f"not swapped: {type(p)}")
+    results = [p.apply_async(tasks.sleep_then, (0.01, i)) for i in range(40)]
+    results.append(p.apply_async(tasks.sleep_then, (LONG,)))
+    FUTURES.extend(_Ready(result) for result in results)
+    begin()
+    for result in results:
+        result.get()
+''',
     # pool as the executor of a dask worker (``pool.dask``; needs distributed): the worker
     # in this process, so that the pool's parent is the program the signal reaches.
     "dask": '''
