@@ -26,6 +26,9 @@ EXPECTED = {
         r"^0$", r"^1$", r"^worker pid \d+ died \(signal SIGSEGV \(11\)\) while running "
         r"task 3: __main__\.work\(2\)$", r"^Fatal Python error: Segmentation fault$",
         r"line \d+ in work$", r"^9$", r"^16$"],
+    ("README.rst", 1): [
+        r"^0$", r"^1$", r"^worker pid \d+ died \(exit code 3\) while running task 3: "
+        r"__main__\.work\(2\)$", r"^9$"],
     ("docs/guide/using.rst", 0): [r"^100$"],
     ("docs/guide/using.rst", 1): [
         r"^<PoolStats 2 running, 1 queued, 1 completed; 2 workers \(2 started\)>$",
