@@ -25,7 +25,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Callable
 
 from ._latch import join_interruptibly
 from ._locks import InterruptSafeLock
@@ -42,8 +42,25 @@ MAX_CALLBACK_THREADS = 16
 BLOCKED_CALLBACK_SECONDS = 1.0
 
 
-def run_callbacks(future: Future[Any]) -> None:
-    """Runs ``future``'s done-callbacks here, in order, logging any that raises."""
+class _Call:
+    """A function to run on a runner thread (``CallbackRunner.call``), queued as a future
+    with callbacks is."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Callable[[], object]) -> None:
+        self.fn = fn
+
+
+def run_callbacks(future: Future[Any] | _Call) -> None:
+    """Runs ``future``'s done-callbacks here, in order, logging any that raises (or the
+    function a ``_Call`` carries)."""
+    if isinstance(future, _Call):
+        try:
+            future.fn()
+        except BaseException:
+            logger.exception("%r, run on a callback thread, raised", future.fn)
+        return
     for callback in list(future._done_callbacks):  # type: ignore[attr-defined]
         try:
             callback(future)
@@ -60,7 +77,7 @@ class CallbackRunner:
 
     def __init__(self, name: str) -> None:
         self._name = name
-        self._queue: queue.SimpleQueue[Future[Any] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Future[Any] | _Call | None] = queue.SimpleQueue()
         self._lock = InterruptSafeLock()
         self._threads: list[threading.Thread] = []
         self._idle = 0      # threads waiting for a future
@@ -68,7 +85,7 @@ class CallbackRunner:
         self._warned = False
         self._running_since: dict[int, float] = {}   # thread ident -> its callback's start
 
-    def put(self, future: Future[Any]) -> None:
+    def put(self, future: Future[Any] | _Call) -> None:
         with self._lock:
             self._queue.put(future)
             self._backlog += 1
@@ -96,6 +113,12 @@ class CallbackRunner:
                 # exit's join() runs its callbacks (see _run_leftovers).
                 self._threads.remove(thread)
                 self._idle -= 1
+
+    def call(self, fn: Callable[[], object]) -> None:
+        """Runs ``fn()`` on one of the runner's threads, as a done-callback runs (logged if
+        it raises): for what must not run on the calling thread even when it could run at
+        once."""
+        self.put(_Call(fn))
 
     def _run(self) -> None:
         while True:

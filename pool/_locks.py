@@ -55,3 +55,18 @@ class InterruptSafeLock(RLock):  # type: ignore[misc]
             except RuntimeError:
                 pass
             raise
+
+    def try_acquire(self, timeout: float) -> bool:
+        """``acquire(timeout=timeout)``, for waits taken in slices, with ``__enter__``'s
+        promise: an interrupt either leaves the lock as it was or is raised after giving it
+        back. On True, the caller's ``try: ... finally: lock.release()`` must follow at
+        once: a return from a Python function checks for no signal, so none is raised in
+        between."""
+        try:
+            return self.acquire(True, timeout)
+        except BaseException:
+            try:
+                self.release()
+            except RuntimeError:
+                pass
+            raise

@@ -26,13 +26,15 @@ from __future__ import annotations
 import functools
 import itertools
 import multiprocessing
+import queue
 import threading
 import warnings
+from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sized, TypeVar
 
 from ._errors import copy_error
 from ._futures import PoolFuture
-from ._latch import Latch
+from ._latch import SIGNAL_CHECK_SECONDS, Latch
 from ._locks import InterruptSafeLock
 from ._mp_results import AsyncResult, IMapIterator, MapResult
 from ._worker.items import run_items
@@ -44,8 +46,9 @@ T = TypeVar("T")
 
 RUN, CLOSE, TERMINATE = "RUN", "CLOSE", "TERMINATE"
 
-# How many chunks a feeder submits as one command when the input is sized (a list, a
-# range): reading it cannot block, so later items need not wait for it.
+# How many chunks an imap's feeder may have in the pool beyond four per worker: enough to
+# keep the workers busy with tiny tasks, few enough that an endless input is read as the
+# work goes.
 FEED_GROUP = 64
 
 
@@ -128,7 +131,7 @@ class Pool:
         """``func(*args, **kwds)`` in a worker, as an :class:`AsyncResult`."""
         executor = self._running()
         future = executor.schedule(func, tuple(args), {} if kwds is None else dict(kwds))
-        return AsyncResult([future], callback, error_callback)
+        return AsyncResult([future], callback, error_callback, self._run_later)
 
     def map(self, func: Callable[..., T], iterable: Iterable[Any],
             chunksize: int | None = None) -> list[T]:
@@ -183,9 +186,11 @@ class Pool:
         then SIGKILL), and wait until they are gone. Unfinished results fail."""
         with self._lock:
             self._state = TERMINATE
-        if self._executor is not None:
-            self._executor.terminate_workers()
-        self._closed_down.set()
+        try:
+            if self._executor is not None:
+                self._executor.terminate_workers()
+        finally:  # even if a Ctrl-C cut the wait short: join() must not wait for ever
+            self._closed_down.set()
 
     def join(self) -> None:
         """Wait, after ``close()`` or ``terminate()``, until every task has ended and every
@@ -194,6 +199,11 @@ class Pool:
             raise ValueError("Pool is still running")
         if self._state not in (CLOSE, TERMINATE):
             raise ValueError("In unknown state")
+        with self._lock:
+            # A close() that a Ctrl-C cut short may have left the shutdown unasked.
+            unasked = self._state == CLOSE and not self._feeders
+        if unasked:
+            self._shut_down()
         self._closed_down.wait()
         assert self._executor is not None
         self._executor.shutdown(wait=True)
@@ -211,6 +221,11 @@ class Pool:
         if self._state != RUN or self._executor is None:
             raise ValueError("Pool not running")
         return self._executor
+
+    def _run_later(self, fn: Callable[[], object]) -> None:
+        """Runs ``fn`` on one of the pool's callback threads (results' callbacks)."""
+        assert self._executor is not None
+        self._executor._dispatcher.run_later(fn)
 
     def _shut_down(self) -> None:
         assert self._executor is not None
@@ -235,23 +250,25 @@ class Pool:
         futures = submit_group([(chunk,) for chunk in chunks])
         # (An empty input is ready at once, with no callback called: as the stdlib's.)
         return MapResult(futures, [len(chunk) for chunk in chunks],
-                         callback if chunks else None, error_callback if chunks else None)
+                         callback if chunks else None, error_callback if chunks else None,
+                         self._run_later)
 
     def _imap(self, func: Callable[..., Any], iterable: Iterable[Any], chunksize: int,
               ordered: bool) -> IMapIterator[Any]:
-        executor = self._running()
         if chunksize < 1:
             raise ValueError(f"Chunksize must be 1+, not {chunksize:n}")
-        submit_group = executor._group_submitter(func, functools.partial(run_items, func, False),
-                                                 functools.partial(_described, False))
         result: IMapIterator[Any] = IMapIterator(ordered)
         done = Latch()
-        with self._lock:
+        with self._lock:  # a close() at the same time: either this feeder counts, or refused
+            executor = self._running()
             self._feeders.add(done)
-        feeder = threading.Thread(target=self._feed, name=f"{executor._dispatcher.name}-imap",
-                                  args=(iterable, chunksize, submit_group, result, done),
-                                  daemon=True)
         try:
+            submit_group = executor._group_submitter(
+                func, functools.partial(run_items, func, False),
+                functools.partial(_described, False))
+            feeder = threading.Thread(target=self._feed, name=f"{executor._dispatcher.name}-imap",
+                                      args=(iterable, chunksize, submit_group, result, done),
+                                      daemon=True)
             feeder.start()
         except BaseException:
             self._fed(done)
@@ -261,32 +278,66 @@ class Pool:
     def _feed(self, iterable: Iterable[Any], chunksize: int,
               submit_group: Callable[[list[tuple[Any, ...]]], list[PoolFuture[Any]]],
               result: IMapIterator[Any], done: Latch) -> None:
-        """The feeder thread: reads the input, submits it a group of chunks at a time, and
-        says how long it was. An input that raises fails the item it was reading, the last
-        one; so does a pool that stops taking tasks (terminated)."""
+        """The feeder thread: reads the input and submits it, and says how long it was. At
+        most ``_window()`` chunks are in the pool at once (the stdlib's task thread is held
+        back by its pipe the same way), so an endless input is read as the work goes, not
+        all at once. An input that raises fails the item it was reading, the last one; so
+        does a pool that stops taking tasks."""
         start = 0
+        in_pool = 0
+        finished: queue.SimpleQueue[None] = queue.SimpleQueue()  # one per chunk that ended
+        window = self._window()
         group_size = FEED_GROUP if isinstance(iterable, Sized) else 1
         try:
             chunks = _chunked(iter(iterable), chunksize)
             while True:
-                try:
-                    group = list(itertools.islice(chunks, group_size))
-                except Exception as error:  # the input's own error, as the stdlib reports it
+                while in_pool >= window:  # until a chunk in the pool ends
+                    if self._state == TERMINATE:
+                        result._failed_at(start, _terminated())
+                        return
+                    try:
+                        finished.get(timeout=SIGNAL_CHECK_SECONDS)
+                        in_pool -= 1
+                    except queue.Empty:
+                        pass
+                group: list[list[Any]] = []
+                error: BaseException | None = None
+                ended = False
+                while len(group) < min(group_size, window - in_pool):
+                    try:
+                        chunk = next(chunks, None)
+                    except BaseException as exc:  # the input's own error, as the stdlib's
+                        error = exc
+                        break
+                    if chunk is None:
+                        ended = True
+                        break
+                    group.append(chunk)
+                if group:  # what was read before an error or the end runs too
+                    try:
+                        futures = submit_group([(chunk,) for chunk in group])
+                    except BaseException as exc:  # terminated or broken under us
+                        result._failed_at(start, _terminated() if self._state == TERMINATE
+                                          else copy_error(exc))
+                        return
+                    for chunk, future in zip(group, futures):
+                        in_pool += 1
+                        future._when_done(lambda _: finished.put(None))
+                        result._submitted(start, len(chunk), future)
+                        start += len(chunk)
+                if error is not None:
                     result._failed_at(start, error)
                     return
-                if not group:
+                if ended:
                     result._ended(start)
                     return
-                try:
-                    futures = submit_group([(chunk,) for chunk in group])
-                except Exception as error:  # terminated under us
-                    result._failed_at(start, copy_error(error))
-                    return
-                for chunk, future in zip(group, futures):
-                    result._submitted(start, len(chunk), future)
-                    start += len(chunk)
+        except BaseException as exc:  # never leave the iterator waiting for its end
+            result._failed_at(start, exc)
         finally:
             self._fed(done)
+
+    def _window(self) -> int:
+        return 4 * self._processes + FEED_GROUP
 
     def _fed(self, done: Latch) -> None:
         """An imap has read all of its input: if the pool is closed and it was the last, the
@@ -297,6 +348,10 @@ class Pool:
         done.set()
         if last:
             self._shut_down()
+
+
+def _terminated() -> BaseException:
+    return CancelledError("the pool was terminated before this item was sent")
 
 
 def _chunked(items: Iterator[Any], size: int) -> Iterator[list[Any]]:

@@ -94,19 +94,25 @@ class AsyncResult(Generic[T]):
 
     def __init__(self, futures: list[PoolFuture[Any]],
                  callback: Callable[[Any], object] | None,
-                 error_callback: Callable[[BaseException], object] | None) -> None:
+                 error_callback: Callable[[BaseException], object] | None,
+                 run_later: Callable[[Callable[[], object]], None] | None = None) -> None:
         self._futures = futures
         self._outcome: Outcome | None = None
         # With a callback, ready means "its callback has run": a latch the callback thread
         # sets after it. Without one, ready is the futures' own state.
         self._ran: Latch | None = None
         if callback is not None or error_callback is not None:
+            assert run_later is not None
             self._ran = Latch()
             self._callback, self._error_callback = callback, error_callback
+            self._run_later = run_later
             self._left = len(futures)
             self._left_lock = InterruptSafeLock()  # callback threads only
+            # A future already done would run a done-callback here, on the caller's thread
+            # (inside apply_async, maybe holding a lock the callback takes): a hook hands
+            # it to a callback thread instead, wherever the future ends.
             for future in futures:
-                future.add_done_callback(self._one_done)
+                future._when_done(self._hand_over)
             if not futures:
                 self._ran.set()
 
@@ -152,9 +158,13 @@ class AsyncResult(Generic[T]):
     def _compute_outcome(self) -> Outcome:
         return outcome_of(self._futures[0])
 
-    def _one_done(self, _future: Future[Any]) -> None:
-        """A future's done-callback, with a user callback to run once all are done (a
-        callback thread, or the submitting thread for a call that could not be sent)."""
+    def _hand_over(self, _future: Future[Any]) -> None:
+        # On the thread that ended the future (the dispatcher's: a put on a queue, nothing
+        # more), or on the caller's, for a future done before this was registered.
+        self._run_later(self._one_done)
+
+    def _one_done(self) -> None:
+        """Once per future, on a callback thread: the user's callback, once all are done."""
         with self._left_lock:
             self._left -= 1
             if self._left:
@@ -180,14 +190,16 @@ class MapResult(AsyncResult[list[T]]):
 
     def __init__(self, chunks: list[PoolFuture[Any]], sizes: list[int],
                  callback: Callable[[Any], object] | None,
-                 error_callback: Callable[[BaseException], object] | None) -> None:
+                 error_callback: Callable[[BaseException], object] | None,
+                 run_later: Callable[[Callable[[], object]], None] | None = None) -> None:
         self._sizes = sizes
         # The chunks as they end, put there by the thread that ends each (see _when_done):
-        # which failure arrived first.
+        # which failure arrived first. (Chunks done before this was registered come in
+        # input order: they ended while their call was being made.)
         self._arrivals: collections.deque[Future[Any]] = collections.deque()
         for future in chunks:
             future._when_done(self._arrivals.append)
-        super().__init__(chunks, callback, error_callback)
+        super().__init__(chunks, callback, error_callback, run_later)
 
     def _compute_outcome(self) -> Outcome:
         values: list[Any] = []
@@ -210,20 +222,28 @@ class IMapIterator(Generic[T]):
     """What ``imap`` (in input order) and ``imap_unordered`` (as they finish) return.
     ``next(timeout)`` raises ``multiprocessing.TimeoutError`` if no result comes in time.
     An item that failed raises its exception at its place; the next ``next()`` goes on
-    with the item after it (the stdlib's chunked ``imap`` ends at the first failure)."""
+    with the item after it (the stdlib's chunked ``imap`` ends at the first failure).
+
+    State a Ctrl-C cannot tear: chunks wait in ``_arrived`` until they are done with and
+    are only peeked at meanwhile; the chunk being handed out is replaced whole, in one
+    assignment with no call in it; a chunk is dropped from ``_arrived`` only if it is still
+    the head. An interrupt may lose the item being returned, never the iterator's place.
+    """
 
     def __init__(self, ordered: bool) -> None:
         self._ordered = ordered
         # (start, size, future) for each chunk: from the feeder as it submits them
         # (ordered), or as they end (unordered); (-1, length, None) once the feeder knows
-        # how many items there are.
-        self._entries: queue.SimpleQueue[tuple[int, int, PoolFuture[Any] | None]] = (
-            queue.SimpleQueue())
-        self._current: tuple[int, int, PoolFuture[Any]] | None = None  # awaited, ordered
-        self._ready: collections.deque[Outcome] = collections.deque()
-        self._taken = 0            # items moved to _ready
+        # how many items there are. Appended by one thread, taken by the consumer.
+        self._arrived: collections.deque[tuple[int, int, PoolFuture[Any] | None]] = (
+            collections.deque())
+        self._bell: queue.SimpleQueue[None] = queue.SimpleQueue()  # rung after each append
+        self._head: tuple[int, int, PoolFuture[Any] | None] | None = None
+        self._outcomes: list[Outcome] = []
+        self._position = 0
+        self._passed = 0           # items of the chunks done with
         self._length: int | None = None
-        self._lock = InterruptSafeLock()  # one next() at a time
+        self._lock = InterruptSafeLock()  # consumers only: one next() at a time
 
     def __iter__(self) -> IMapIterator[T]:
         return self
@@ -232,53 +252,81 @@ class IMapIterator(Generic[T]):
         """The next result (or the next item's exception, raised); ``StopIteration`` after
         the last; ``multiprocessing.TimeoutError`` if none comes within ``timeout``."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            while not self._ready:
-                if self._length is not None and self._taken >= self._length:
-                    raise StopIteration
-                if self._current is None:
-                    start, size, future = self._next_entry(deadline)
-                    if future is None:
-                        self._length = size
-                        continue
-                    self._current = (start, size, future)
-                _, size, future = self._current
-                if not future._wait_done(_remaining(deadline)):
-                    raise multiprocessing.TimeoutError
-                self._current = None
-                self._ready.extend(chunk_outcomes(future, size))
-                self._taken += size
-            ok, value = self._ready.popleft()
+        while not self._lock.try_acquire(_slice(deadline)):
+            if deadline is not None and time.monotonic() >= deadline:
+                raise multiprocessing.TimeoutError
+        try:
+            ok, value = self._take(deadline)
+        finally:
+            self._lock.release()
         if ok:
             return value  # type: ignore[no-any-return]
         raise value
 
     __next__ = next
 
-    def _next_entry(self, deadline: float | None
-                    ) -> tuple[int, int, PoolFuture[Any] | None]:
+    def _take(self, deadline: float | None) -> Outcome:
         while True:
-            left = SIGNAL_CHECK_SECONDS if deadline is None else min(
-                SIGNAL_CHECK_SECONDS, deadline - time.monotonic())
-            if left <= 0:
-                raise multiprocessing.TimeoutError
-            try:
-                return self._entries.get(timeout=left)
-            except queue.Empty:
+            head = self._head
+            if head is not None:
+                position = self._position
+                if position < len(self._outcomes):
+                    self._position = position + 1
+                    return self._outcomes[position]
+                if self._arrived and self._arrived[0] is head:
+                    self._arrived.popleft()
+                self._head, self._passed = None, self._passed + head[1]
                 continue
+            if not self._arrived:
+                if self._length is not None and self._passed >= self._length:
+                    raise StopIteration
+                self._wait_for_arrival(deadline)
+                continue
+            entry = self._arrived[0]
+            start, size, future = entry
+            if future is None:  # the length, once the feeder knows it
+                self._length = size
+                self._arrived.popleft()
+                continue
+            if not future._wait_done(_remaining(deadline)):
+                raise multiprocessing.TimeoutError
+            outcomes = chunk_outcomes(future, size)
+            self._head, self._outcomes, self._position = entry, outcomes, 0
+
+    def _wait_for_arrival(self, deadline: float | None) -> None:
+        try:
+            left = _slice(deadline)
+            if left > 0:
+                self._bell.get(timeout=left)
+            else:
+                self._bell.get_nowait()
+        except queue.Empty:
+            if deadline is not None and time.monotonic() >= deadline and not self._arrived:
+                raise multiprocessing.TimeoutError from None
 
     # -- the feeder's side -----------------------------------------------------------------
 
+    def _arrive(self, entry: tuple[int, int, PoolFuture[Any] | None]) -> None:
+        self._arrived.append(entry)
+        self._bell.put(None)
+
     def _submitted(self, start: int, size: int, future: PoolFuture[Any]) -> None:
         if self._ordered:
-            self._entries.put((start, size, future))
-        else:  # as it ends, on the thread that ends it: a put on a C queue, nothing more
-            future._when_done(lambda _: self._entries.put((start, size, future)))
+            self._arrive((start, size, future))
+        else:  # as it ends, on the thread that ends it: an append and a put, nothing more
+            future._when_done(lambda _: self._arrive((start, size, future)))
 
     def _failed_at(self, start: int, error: BaseException) -> None:
         """The input could not go on from item ``start``: that item fails, the last."""
         self._submitted(start, 1, failed_future(error))
-        self._entries.put((-1, start + 1, None))
+        self._ended(start + 1)
 
     def _ended(self, length: int) -> None:
-        self._entries.put((-1, length, None))
+        self._arrive((-1, length, None))
+
+
+def _slice(deadline: float | None) -> float:
+    """How long one wait may block: a slice, so a pending Ctrl-C is raised in time."""
+    if deadline is None:
+        return SIGNAL_CHECK_SECONDS
+    return max(0.0, min(SIGNAL_CHECK_SECONDS, deadline - time.monotonic()))

@@ -624,3 +624,14 @@ def return_lock(_=None):
     """A value no pickler can send back: a lock."""
     import threading
     return threading.Lock()
+
+
+def counted_input(counter_path, count=None):
+    """0, 1, 2, ... for ever (or ``count`` of them), writing how many were read so far to
+    ``counter_path`` (pool.Pool's imap tests: how far ahead the input is read)."""
+    import itertools
+    for n in itertools.count() if count is None else range(count):
+        with open(counter_path + ".tmp", "w") as f:
+            f.write(str(n + 1))
+        os.rename(counter_path + ".tmp", counter_path)  # whole, for a reader at any moment
+        yield n

@@ -274,6 +274,94 @@ def test_an_unpicklable_argument_fails_its_result(ctx):
         assert p.apply(tasks.identity, (3,)) == 3
 
 
+def test_next_with_no_time_left_hands_out_what_has_arrived(ctx):
+    with pool.Pool(2, context=ctx) as p:
+        for iterator in (p.imap(tasks.square, range(5)), p.imap_unordered(tasks.square, range(5))):
+            assert wait_until(lambda: p._executor.stats().queued + p._executor.stats().running
+                              == 0, 30)
+            got = [iterator.next(timeout=0) for _ in range(5)]
+            assert sorted(got) == [0, 1, 4, 9, 16]
+            with pytest.raises(StopIteration):
+                iterator.next(timeout=0)
+
+
+def test_an_endless_input_is_read_as_the_work_goes(ctx, tmp_path):
+    counter = tmp_path / "read"
+    with pool.Pool(2, context=ctx) as p:
+        iterator = p.imap(tasks.square, tasks.counted_input(str(counter)), chunksize=3)
+        assert [next(iterator) for _ in range(10)] == [n * n for n in range(10)]
+        read = int(counter.read_text())
+        # At most the feeder's window of chunks ahead of what was taken (the stdlib's is
+        # held back by its pipe); never the whole input.
+        assert read <= 10 + 3 * p._window() + 3, read
+    assert int(counter.read_text()) <= read + 3 * p._window() + 3  # and it stopped
+
+
+def test_callbacks_never_run_on_the_callers_thread(ctx):
+    # A call that cannot be pickled fails at once: its error_callback still runs on a
+    # thread of the pool's, so a caller holding a lock the callback takes does not
+    # deadlock (the stdlib runs it on its task thread).
+    lock = threading.Lock()
+    seen = []
+
+    def error_callback(error):
+        with lock:
+            seen.append((type(error).__name__, threading.get_ident()))
+
+    with pool.Pool(1, context=ctx) as p:
+        with lock:
+            result = p.apply_async(tasks.identity, (threading.Lock(),),
+                                   error_callback=error_callback)
+            mapped = p.map_async(tasks.identity, [threading.Lock()], error_callback=error_callback)
+        result.wait(30)
+        mapped.wait(30)
+        assert result.ready() and mapped.ready()
+    assert sorted(name for name, _ in seen) == ["ArgumentPicklingError"] * 2
+    assert threading.get_ident() not in {ident for _, ident in seen}
+
+
+def test_a_second_consumer_of_one_iterator_is_given_its_timeout(ctx, tmp_path):
+    gate = str(tmp_path / "gate")
+    with pool.Pool(1, context=ctx) as p:
+        iterator = p.imap(tasks.wait_for_file, [gate, gate])
+        first = threading.Thread(target=lambda: iterator.next(60))
+        first.start()
+        try:
+            with pytest.raises(multiprocessing.TimeoutError):
+                iterator.next(timeout=0.2)  # while the first one waits inside next()
+        finally:
+            tasks.touch(gate)
+            first.join(60)
+        assert iterator.next(30) is None
+
+
+def test_an_input_that_raises_a_base_exception_ends_the_iteration_there(ctx):
+    def input_that_exits():
+        yield 1
+        raise SystemExit("the input gave up")
+
+    with pool.Pool(1, context=ctx) as p:
+        iterator = p.imap(tasks.square, input_that_exits())
+        assert next(iterator) == 1
+        with pytest.raises(SystemExit, match="the input gave up"):
+            next(iterator)
+        with pytest.raises(StopIteration):
+            next(iterator)
+
+
+def test_isinstance_holds_for_every_stdlib_pool_while_patched(ctx):
+    with pool.patch():
+        with multiprocessing.pool.ThreadPool(1) as threads:
+            assert isinstance(threads, multiprocessing.pool.Pool)
+        threads.join()
+        p = multiprocessing.pool.Pool(1, context=ctx)
+        try:
+            assert isinstance(p, multiprocessing.pool.Pool) and isinstance(p, pool.Pool)
+        finally:
+            p.terminate()
+            p.join()
+
+
 DEATHS = '''
 import functools, tempfile
 from concurrent.futures import process

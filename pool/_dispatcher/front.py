@@ -265,7 +265,12 @@ class Dispatcher:
         terminated (a second Ctrl-C kills them), and once they are gone the
         KeyboardInterrupt goes on. Every wait of a caller comes through here.
         """
-        if self._thread is None or self._thread is threading.current_thread():
+        if self._thread is threading.current_thread():
+            return
+        if self._thread is None:
+            if self._ended.is_set:  # shut down before it started: only callbacks may run
+                self._callbacks.close()  # (pool.Pool's, of calls that could not be sent)
+                self._callbacks.join(callback_timeout)
             return
         try:
             self._ended.wait()
@@ -281,6 +286,10 @@ class Dispatcher:
         if blocked:
             logger.warning("%s: not waiting for %d done-callback(s) still running",
                            self.name, len(blocked))
+
+    def run_later(self, fn: Callable[[], object]) -> None:
+        """Runs ``fn()`` on one of the pool's callback threads (``CallbackRunner.call``)."""
+        self._callbacks.call(fn)
 
     @property
     def stop_grace(self) -> float:

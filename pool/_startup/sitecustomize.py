@@ -84,7 +84,20 @@ def mp_pool_stand_in(original, real_class):  # type: (type, object) -> type
     a subclass of this one, so ``isinstance`` checks still hold. Everything else stays the
     stdlib's: ``ThreadPool``, which calls ``Pool.__init__`` and the stdlib's static
     helpers through the module's name ``Pool``, and classes that subclass it."""
-    class Pool(original):  # type: ignore[misc]
+    class StandInType(type(original)):  # type: ignore[misc]
+        # isinstance and issubclass against the stand-in answer for the stdlib's class:
+        # a ThreadPool, or a pool made before the patch, is still a multiprocessing Pool.
+        def __instancecheck__(cls, obj):  # type: ignore[no-untyped-def]
+            if cls is Pool:
+                return isinstance(obj, original)
+            return super().__instancecheck__(obj)
+
+        def __subclasscheck__(cls, sub):  # type: ignore[no-untyped-def]
+            if cls is Pool:
+                return issubclass(sub, original)
+            return super().__subclasscheck__(sub)
+
+    class Pool(original, metaclass=StandInType):  # type: ignore[misc]
         __doc__ = original.__doc__
 
         def __new__(cls, *args, **kwargs):  # type: ignore[no-untyped-def]

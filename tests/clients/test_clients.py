@@ -169,7 +169,11 @@ def test_flake8_with_two_jobs(tmp_path):
 
 def test_isort_with_two_jobs(tmp_path):
     # isort --jobs sorts files on a multiprocessing.Pool (imap, in a with block).
-    runs = run_both([console_script("isort"), "--jobs", "2", "tree"], tmp_path, lint_tree)
+    # Unbuffered: the workers print "Fixing ...", and a worker ended by the pool's
+    # terminate() at the with's exit (both pools do that) loses what it had buffered: on a
+    # pipe, that is all of it, or none, as the timing falls.
+    runs = run_both([console_script("isort"), "--jobs", "2", "tree"], tmp_path, lint_tree,
+                    PYTHONUNBUFFERED="1")
     show("isort --jobs 2 tree", runs)
     stdlib, pooled = runs["stdlib"], runs["pool"]
     assert stdlib.status == pooled.status == 0
