@@ -161,7 +161,8 @@ class Pool:
     def imap(self, func: Callable[..., T], iterable: Iterable[Any],
              chunksize: int = 1) -> IMapIterator[T]:
         """``map``, lazily: an iterator of the results in input order. The input is read
-        on a thread of its own, as it comes."""
+        on a thread of its own as the work goes: at most ``4 * processes + 64`` chunks are
+        in the pool at once, as the stdlib's pipe holds its reader back."""
         return self._imap(func, iterable, chunksize, ordered=True)
 
     def imap_unordered(self, func: Callable[..., T], iterable: Iterable[Any],
