@@ -1219,6 +1219,35 @@ def test_ctrl_c_at_any_moment_of_a_busy_run_ends_it(tmp_path):
             cli.stderr.close()
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+@pytest.mark.timeout(90)
+def test_a_signal_that_lands_as_the_last_input_finishes_still_ends_the_run_by_it(signum,
+                                                                                   tmp_path):
+    """Every input done, the run ending: a stop signal now is still the user's, and the
+    caller (a shell loop, a script) must learn of it. The short shake once saw a Ctrl-C
+    whose handler ran just after the last result: the run ended as if done, status 0. A
+    fixed delay holds the run where that race was, and the signal comes once it is there."""
+    env = dict(os.environ, POOL_SHAKE="at=cli.before_end_pool:3,tell=1",
+               PYTHONPATH=str(TESTS_DIR))
+    cli = subprocess.Popen([sys.executable, "-m", "pool", "map", "-j", "2", "builtins:len",
+                            "ab", "abc"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, cwd=str(TESTS_DIR), env=env, start_new_session=True)
+    try:
+        assert cli.stderr is not None
+        told = cli.stderr.readline()   # blocks until the run is in its pause
+        assert told == "pool shake: at cli.before_end_pool\n", told
+        os.kill(cli.pid, signum)
+        out, err = cli.communicate(timeout=60)
+    finally:
+        if cli.poll() is None:
+            os.killpg(cli.pid, signal.SIGKILL)
+            cli.wait()
+    assert cli.returncode == -signum, err
+    assert out == "2\n3\n"   # what finished is written all the same
+    assert "2 ok, 0 failed, 0 not finished" in err and "Traceback" not in err, err
+    assert wait_until(lambda: not session_members(cli.pid), 10)
+
+
 # -- what can go wrong around the run ----------------------------------------------------------
 
 @pytest.mark.parametrize("method", START_METHODS)

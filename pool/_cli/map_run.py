@@ -95,6 +95,10 @@ class Run:
             except BaseException as exc:
                 end = self.ending.end_of(exc)
             end = self._wind_up(end)
+            if end is End.DONE and self.ending.signals:
+                # Every input finished, but a stop signal came before the run was over:
+                # the caller (a shell loop, a script) must still learn it was stopped.
+                end = End.SIGNAL
             for entry in self.results.lines.dropped:   # finished, but its line was lost
                 if entry.outcome == "ok":
                     self.results.ok -= 1
@@ -146,6 +150,11 @@ class Run:
         while True:
             if _shake.on:
                 _shake.pause("cli.loop_turn")
+            # A signal first: one whose handler ran as the last input finished (the handler
+            # runs at the main thread's next bytecode, so after whatever event woke it)
+            # still ends the run by that signal, as Python's own Ctrl-C would.
+            if self.ending.signals:   # before any event queued ahead of the signal's
+                return End.SIGNAL
             if jobs.starting_stopped and not jobs.pending:
                 return End.READ_ERROR if self.ending.problem is not None else End.HALT
             if self.eof and jobs.nothing_left():
@@ -153,8 +162,6 @@ class Run:
             if time.monotonic() >= chores_due:
                 self._chores()
                 chores_due = time.monotonic() + _CHORES_SECONDS
-            if self.ending.signals:   # before any event queued ahead of the signal's
-                return End.SIGNAL
             try:
                 kind, value = self.events.get(block=False)
             except queue.Empty:
