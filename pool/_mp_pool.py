@@ -37,6 +37,7 @@ from ._futures import PoolFuture
 from ._latch import SIGNAL_CHECK_SECONDS, Latch
 from ._locks import InterruptSafeLock
 from ._mp_results import AsyncResult, IMapIterator, MapResult
+from ._mp_chunks import ChunkRun
 from ._worker.items import run_items
 
 if TYPE_CHECKING:
@@ -92,6 +93,9 @@ class Pool:
         self._processes = self._executor._max_workers
         self._lock = InterruptSafeLock()  # the state and the feeders
         self._feeders: set[Latch] = set()  # one per imap still reading its input
+        # Chunks of more than one item not yet ended: one may still need the rest of its
+        # items run after a death (_mp_chunks), so the pool does not shut down under it.
+        self._open_chunks = 0
         self._closed_down = Latch()        # close(): shutdown asked, once every feeder ended
 
     # -- the stdlib's attributes that code reads ------------------------------------------
@@ -178,7 +182,7 @@ class Pool:
             if self._state != RUN:
                 return
             self._state = CLOSE
-            feeding = bool(self._feeders)
+            feeding = bool(self._feeders) or self._open_chunks > 0
         if not feeding:
             self._shut_down()
 
@@ -202,7 +206,7 @@ class Pool:
             raise ValueError("In unknown state")
         with self._lock:
             # A close() that a Ctrl-C cut short may have left the shutdown unasked.
-            unasked = self._state == CLOSE and not self._feeders
+            unasked = self._state == CLOSE and not self._feeders and not self._open_chunks
         if unasked:
             self._shut_down()
         self._closed_down.wait()
@@ -248,7 +252,7 @@ class Pool:
         chunks = [] if length == 0 else list(_chunked(iter(items), chunksize))
         submit_group = executor._group_submitter(func, functools.partial(run_items, func, star),
                                                  functools.partial(_described, star))
-        futures = submit_group([(chunk,) for chunk in chunks])
+        futures = self._submit_chunks(submit_group, chunks)
         # (An empty input is ready at once, with no callback called: as the stdlib's.)
         return MapResult(futures, [len(chunk) for chunk in chunks],
                          callback if chunks else None, error_callback if chunks else None,
@@ -316,7 +320,7 @@ class Pool:
                     group.append(chunk)
                 if group:  # what was read before an error or the end runs too
                     try:
-                        futures = submit_group([(chunk,) for chunk in group])
+                        futures = self._submit_chunks(submit_group, group)
                     except BaseException as exc:  # terminated or broken under us
                         result._failed_at(start, _terminated() if self._state == TERMINATE
                                           else copy_error(exc))
@@ -337,6 +341,47 @@ class Pool:
         finally:
             self._fed(done)
 
+    def _submit_chunks(self, submit_group: Callable[[list[tuple[Any, ...]]],
+                                                    list[PoolFuture[Any]]],
+                       chunks: list[list[Any]]) -> list[PoolFuture[Any]]:
+        """Submits each chunk as one task. A chunk of more than one item is followed to its
+        end by a ``ChunkRun``, whose future stands for it: a death in it costs one item."""
+        several = sum(len(chunk) > 1 for chunk in chunks)
+        if several:
+            with self._lock:
+                self._open_chunks += several
+        try:
+            tasks = submit_group([(chunk,) for chunk in chunks])
+        except BaseException:
+            if several:
+                with self._lock:
+                    self._open_chunks -= several
+            raise
+        if not several:
+            return tasks
+        futures = []
+        for chunk, task in zip(chunks, tasks):
+            if len(chunk) == 1:
+                futures.append(task)
+                continue
+            run = ChunkRun(chunk, submit_group, self._run_later,
+                           lambda: self._state != TERMINATE, self._chunk_released)
+            run.follow(task)
+            futures.append(run.future)
+        return futures
+
+    def _chunk_released(self) -> None:
+        """A ``ChunkRun`` ended (on any thread, the dispatcher's included: the rest is
+        done on a callback thread)."""
+        self._run_later(self._chunk_ended)
+
+    def _chunk_ended(self) -> None:
+        with self._lock:
+            self._open_chunks -= 1
+            last = (not self._open_chunks and not self._feeders and self._state == CLOSE)
+        if last:
+            self._shut_down()
+
     def _window(self) -> int:
         return 4 * self._processes + FEED_GROUP
 
@@ -345,7 +390,7 @@ class Pool:
         pool may now shut down."""
         with self._lock:
             self._feeders.discard(done)
-            last = not self._feeders and self._state == CLOSE
+            last = not self._feeders and not self._open_chunks and self._state == CLOSE
         done.set()
         if last:
             self._shut_down()

@@ -13,11 +13,13 @@ Guarantees:
   neither is its futures': nothing runs on another thread to make it ready;
 - ``get``, ``wait`` and ``next`` wait on the futures' latches or a C queue, in slices: a
   Ctrl-C always interrupts them, and leaves nothing taken that another thread needs;
-- in a chunk, an item's exception fails that item alone; what ends the chunk's task (the
-  worker's death, its timeout, a cancelled task) fails each of its items, with a copy of
-  the same error.
+- in a chunk, an item's exception fails that item alone. A worker's death or a timeout
+  in a chunk of several items fails the item it was running (``_mp_chunks``); what ends a
+  chunk's task otherwise (a cancelled task, or a death of which nothing was recorded)
+  fails each of its items, with a copy of the same error.
 Assumes: the futures are the pool's (``PoolFuture``), whose done-callbacks run off the
-dispatcher thread, and a chunk's task returns what ``_worker.items.run_items`` returns.
+dispatcher thread; a chunk's future (a task's, or a ``ChunkRun``'s) gives what
+``_worker.items.run_items`` returns, its failures encoded or exceptions.
 """
 
 from __future__ import annotations
@@ -78,8 +80,9 @@ def chunk_outcomes(future: PoolFuture[Any], size: int) -> list[Outcome]:
         return [(False, value if index == 0 else copy_error(value)) for index in range(size)]
     values, failures = value
     outcomes: list[Outcome] = [(True, item) for item in values]
-    for index, encoded in failures:
-        outcomes[index] = (False, decode_exception(encoded))
+    for index, failed in failures:  # encoded by the worker, or the parent's own error
+        outcomes[index] = (False, decode_exception(failed) if isinstance(failed, bytes)
+                           else _as_the_stdlib_reports(failed))
     return outcomes
 
 

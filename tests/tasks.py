@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
 import os
 import pickle
 import signal
@@ -641,3 +642,51 @@ def gated_square(gate, x):
     """x * x once ``gate`` exists."""
     wait_for_file(gate)
     return x * x
+
+
+# -- pool.Pool's chunks: each item's runs counted, and what it then does -------------------
+
+def counted_then(directory, effects, x):
+    """Add a byte to ``directory/x`` (how many times x ran), then do what ``effects`` says
+    for x: "sigkill", "segfault", "exit", "sleep" (60 s), "raise", "local" (return a value
+    only cloudpickle can send), "dies-sending" (a value that kills its worker when the
+    reply is pickled); else return x * x."""
+    with open(os.path.join(directory, str(x)), "a") as marks:
+        marks.write("x")
+    effect = effects.get(x)
+    if effect == "sigkill":
+        sigkill_self()
+    elif effect == "segfault":
+        segfault()
+    elif effect == "exit":
+        exit_hard(7)
+    elif effect == "sleep":
+        time.sleep(60)
+    elif effect == "raise":
+        raise ValueError(f"{x} fails")
+    elif effect == "local":
+        return lambda: x
+    elif effect == "dies-sending":
+        return DiesSending(x)
+    return x * x
+
+
+def runs_of(directory):
+    """How many times each item of ``counted_then`` ran."""
+    return {int(name): len(open(os.path.join(directory, name)).read())
+            for name in os.listdir(directory)}
+
+
+class DiesSending:
+    """Pickles once (a chunk's record of it), then SIGKILLs its process at the second
+    pickling: the reply. Unpickles as a plain DiesSending."""
+
+    def __init__(self, x, pickled=0):
+        self.x = x
+        self.pickled = pickled
+
+    def __reduce__(self):
+        self.pickled += 1
+        if self.pickled == 2 and multiprocessing.parent_process() is not None:
+            sigkill_self()
+        return DiesSending, (self.x, 99)

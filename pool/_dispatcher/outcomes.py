@@ -23,6 +23,7 @@ from .._errors import (InitializerError, TaskInfo, TaskTimeout, WorkerDied,
                        WorkerStartRefused, WorkerTerminated, describe_exit)
 from .._futures import PoolFuture
 from .._worker.handle import Exit
+from .._worker.progress import ITEM_PROGRESS
 
 logger = logging.getLogger("pool")
 
@@ -100,19 +101,26 @@ def failure(action: Fail, info: TaskInfo) -> BaseException:
     """The error for a task whose worker ended while running it (it died, timed out, or
     was terminated)."""
     exited: Exit = action.exited
+    error: BaseException
     if action.cause is FailCause.TIMED_OUT:
         assert action.timeout is not None
-        return TaskTimeout(action.timeout, exited.pid, info, exited.crash_report)
-    if action.cause is FailCause.TERMINATED:
+        error = TaskTimeout(action.timeout, exited.pid, info, exited.crash_report)
+    elif action.cause is FailCause.TERMINATED:
         return WorkerTerminated(exited.pid, exited.exitcode, info)
-    died = WorkerDied(exited.pid, exited.exitcode, info, exited.crash_report,
-                      exited.ended_because)
-    # Only where there is one: even a None cause would hide the context the caller's
-    # traceback shows (it sets __suppress_context__).
-    cause = death_cause(exited.pid, exited.exitcode)
-    if cause is not None:
-        died.__cause__ = cause
-    return died
+    else:
+        error = WorkerDied(exited.pid, exited.exitcode, info, exited.crash_report,
+                           exited.ended_because)
+        # Only where there is one: even a None cause would hide the context the caller's
+        # traceback shows (it sets __suppress_context__).
+        cause = death_cause(exited.pid, exited.exitcode)
+        if cause is not None:
+            error.__cause__ = cause
+    progress = exited.progress
+    if progress is not None and progress.task_id == info.task_id:
+        # What the task's chunk finished before the end: its face delivers those items
+        # and fails only the one that was running (pool.Pool: _mp_chunks).
+        setattr(error, ITEM_PROGRESS, progress)
+    return error
 
 
 # What the system says when it is out of a resource: descriptors (per process, system-wide),
@@ -152,8 +160,9 @@ def _limit_hint(exc: BaseException) -> str:
 
 
 # What each worker holds open in the parent: its task pipe, a second reader of it, its
-# reply pipe, its crash report, its sentinel, and a spare for a large frame's writer.
-PARENT_DESCRIPTORS_PER_WORKER = 6
+# reply pipe, its crash report, its progress file, its sentinel, and a spare for a large
+# frame's writer.
+PARENT_DESCRIPTORS_PER_WORKER = 7
 
 
 def warn_if_descriptors_short(pool_name: str, max_workers: int) -> None:

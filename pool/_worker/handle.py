@@ -3,8 +3,9 @@
 Owns: for one worker, its ``Process`` object and the parent's ends of its descriptors: the
 task pipe's write end, and a read end of it: on Linux a non-blocking one to take back tasks
 the worker has not read, elsewhere (``_platform``) a plain one that only tells how much is
-unread; the reply pipe's read end, non-blocking; the crash-report file; the process
-sentinel. Also the thread that writes a large frame, while one does.
+unread; the reply pipe's read end, non-blocking; the crash-report file; the
+progress file (``progress``); the process sentinel. Also the thread that writes a large
+frame, while one does.
 Runs in: the dispatcher thread only.
 Guarantees:
 - the dispatcher never blocks writing to a worker. Small frames always fit in the pipe. A
@@ -33,8 +34,9 @@ from typing import Any, Callable, NamedTuple
 
 from .. import _compat, _platform
 from .._wire import frames as _frames, limits as _limits, pipes as _pipes
-from . import teardown as _teardown
+from . import progress as _progress, teardown as _teardown
 from .._wire.frames import Frame, FrameReader, Kind
+from .progress import ItemProgress
 from .main import (DUMP_SIGNAL, STOP_SIGNALS, InheritedFd, Initializer, WorkerSetup,
                    worker_main)
 
@@ -56,6 +58,7 @@ class Exit(NamedTuple):
     group_left: tuple[int, ...] = ()  # processes of its group still running after its reap
     start_error: BaseException | None = None  # what its initializer raised, if it said
     ended_because: str = ""  # why the pool killed a worker whose exit it did not see
+    progress: ItemProgress | None = None  # what it recorded of the chunk it ran last
 
 
 class _LargeFrameWriter:
@@ -182,7 +185,8 @@ def _release_failed_start(exc: BaseException) -> None:
 class WorkerHandle:
     def __init__(self, process: Any, task_fd: int, reply_fd: int, crash_fd: int | None,
                  reclaim_fd: int | None, on_write_done: Callable[[], None],
-                 no_crash_file: str = "", count_fd: int | None = None) -> None:
+                 no_crash_file: str = "", count_fd: int | None = None,
+                 progress_fd: int | None = None) -> None:
         self.process = process
         self.pid: int = process.pid
         self.sentinel: int = process.sentinel
@@ -198,6 +202,7 @@ class WorkerHandle:
         self.reader = FrameReader(reply_fd)
         self.crash_fd = crash_fd
         self._no_crash_file = no_crash_file  # why there is no crash_fd, if there is none
+        self.progress_fd = progress_fd  # where a chunk records its items (_worker.progress)
         self._forkserver: int | None = None  # the forkserver that started it, if one did
         self.start_error: BaseException | None = None  # from an INIT_FAILED frame
         self.tasks_run = 0  # replies received: tasks it finished (for stats)
@@ -238,6 +243,9 @@ class WorkerHandle:
             crash_fd, no_crash_file = _teardown.make_crash_file()
             if crash_fd is not None:
                 opened.append(crash_fd)
+            progress_fd, _ = _teardown.make_private_file("pool-progress", "pool-progress-")
+            if progress_fd is not None:
+                opened.append(progress_fd)
             # The worker's own read end, kept to count what it leaves unread (see count_fd).
             count_fd = (task_r if reclaim_fd is None and not _platform.UNREAD_ON_WRITE_END
                         else None)
@@ -249,7 +257,9 @@ class WorkerHandle:
                                 initializer=initializer,
                                 max_tasks=max_tasks, max_memory=max_memory,
                                 fds_to_close=to_close, forked=inherited_fds is not None,
-                                portable=_platform.PORTABLE)
+                                portable=_platform.PORTABLE,
+                                progress_fd=(None if progress_fd is None
+                                             else InheritedFd(progress_fd)))
             process = ctx.Process(target=worker_main, args=(setup,), name=name)
             with _compat.std_streams_left_unflushed():  # a blocked stdout must not block us
                 _start_holding_stop_signals(process, method)
@@ -261,15 +271,14 @@ class WorkerHandle:
         _teardown.close_fds(None if count_fd is not None else task_r, reply_w)
         os.set_blocking(reply_r, False)
         handle = cls(process, task_w, reply_r, crash_fd, reclaim_fd, on_write_done,
-                     no_crash_file, count_fd)
+                     no_crash_file, count_fd, progress_fd)
         if method == "forkserver":
             handle._forkserver = _compat.forkserver_pid()
         return handle
 
     def parent_fds(self) -> list[int]:
         fds = [self.reader.fd, self.sentinel]
-        if self.crash_fd is not None:
-            fds.append(self.crash_fd)
+        fds += [fd for fd in (self.crash_fd, self.progress_fd) if fd is not None]
         return fds + self.task_pipe_fds()
 
     def task_pipe_fds(self) -> list[int]:
@@ -424,7 +433,8 @@ class WorkerHandle:
         self.outbox, self._outbox_bytes = [], 0
         crash_report = (_teardown.read_crash_report(self.crash_fd) if self.crash_fd is not None
                         else f"none: {self._no_crash_file}")
+        progress = _progress.read(self.progress_fd)
         self.close_task_pipe()
-        _teardown.close_fds(self.reader.fd, self.crash_fd)
+        _teardown.close_fds(self.reader.fd, self.crash_fd, self.progress_fd)
         return Exit(self.pid, exitcode, crash_report, unread, group_left, self.start_error,
-                    ended_because)
+                    ended_because, progress)

@@ -8,15 +8,20 @@ result, or None where ``failures`` holds ``(i, encoded exception)``; each except
 encoded with its frames, as a task's own is (``_wire.exceptions``), and decoded by the
 caller's side. Only what ends the whole task (the worker's death, the task's timeout)
 fails every item of the chunk.
-Assumes: ``fn`` and the items came in the chunk's call, unpickled.
+In a worker, each item's outcome is also recorded as it finishes (``_worker.progress``):
+if the worker dies, or the chunk times out, the parent still has the items that finished,
+and knows which one was running.
+Assumes: ``fn`` and the items came in the chunk's call, unpickled; in a worker, the task
+being run is ``_worker.main``'s current one.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .._wire.exceptions import encode_exception
+from . import main as _main, progress as _progress
 
 
 def run_items(fn: Callable[..., Any], star: bool, items: list[Any]
@@ -26,7 +31,11 @@ def run_items(fn: Callable[..., Any], star: bool, items: list[Any]
     an exception leaves the items before it in ``values`` and the iterator at the next."""
     values: list[Any] = []
     failures: list[tuple[int, bytes]] = []
-    calls = itertools.starmap(fn, items) if star else map(fn, items)
+    calls: Iterator[Any] = itertools.starmap(fn, items) if star else map(fn, items)
+    recorder = _progress.recorder() if len(items) > 1 else None  # one item: nothing to save
+    record = None if recorder is None else recorder.begin(_main.current_task_id())
+    if record is not None:
+        calls = map(record, calls)
     while True:
         try:
             values.extend(calls)
@@ -36,6 +45,9 @@ def run_items(fn: Callable[..., Any], star: bool, items: list[Any]
             while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
                 tb = tb.tb_next  # the user's frame first
             exc.__traceback__ = tb
-            failures.append((len(values), encode_exception(exc)))
+            encoded = encode_exception(exc)
+            failures.append((len(values), encoded))
+            if record is not None:
+                record(_progress.ItemFailed(encoded))
             values.append(None)
-            del exc, tb
+            del exc, tb, encoded

@@ -1,7 +1,8 @@
 """A worker process's main: receive a call, run it, send the outcome back, repeat.
 
 Owns: its task pipe (read end), its reply pipe (write end), its crash-report file, its
-lifeline and its own process group. Nothing else: it never touches another worker.
+progress file (``progress``), its lifeline and its own process group. Nothing else: it
+never touches another worker.
 Runs in: the worker process. The main thread runs tasks; a watchdog thread only waits for
 the parent to go away.
 Guarantees:
@@ -44,6 +45,7 @@ from multiprocessing import util as _util
 from .. import _compat, _exit, _platform, _shake
 from .._wire import exceptions as _exceptions, frames as _frames, pickling as _pickling
 from .._wire import pipes as _pipes
+from . import progress as _progress
 from .streams import drop_inherited_output
 from .._wire.frames import Kind
 
@@ -70,6 +72,11 @@ def _give_back_stop_signals(_: object) -> None:
 # into that pipe themselves (garbage, or a reply followed by a death).
 _reply_fd: int | None = None
 _current_task_id = 0
+
+
+def current_task_id() -> int:
+    """The id of the task this worker is running (a chunk records its items under it)."""
+    return _current_task_id
 
 # Sent by the parent when a task overruns its timeout. Not SIGUSR1: users commonly
 # register faulthandler on that one for their own dumps.
@@ -206,11 +213,12 @@ class WorkerSetup:
                  crash_fd: InheritedFd | None, initializer: Initializer | None,
                  max_tasks: int | None, max_memory: int | None,
                  fds_to_close: tuple[int, ...], forked: bool = False,
-                 portable: bool = False) -> None:
+                 portable: bool = False, progress_fd: InheritedFd | None = None) -> None:
         self.task_fd = task_fd
         self.reply_fd = reply_fd
         self.lifeline_fd = lifeline_fd
         self.crash_fd = crash_fd
+        self.progress_fd = progress_fd  # where a chunk records its items (_worker.progress)
         self.initializer = initializer
         self.max_tasks = max_tasks
         self.max_memory = max_memory  # bytes of resident memory, or None
@@ -250,6 +258,7 @@ def worker_main(setup: WorkerSetup) -> None:
         # parent sees the exit only once the stack is written.
         faulthandler.register(DUMP_SIGNAL, file=setup.crash_fd.fd, all_threads=True,
                               chain=True)
+    _progress.use_file(None if setup.progress_fd is None else setup.progress_fd.fd)
     threading.Thread(target=_watch_parent, name="pool-worker-watchdog", daemon=True,
                      args=(setup.lifeline_fd.fd,)).start()
 

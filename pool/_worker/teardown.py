@@ -151,24 +151,30 @@ _COMMAND_TASK_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspat
 
 
 def make_crash_file() -> tuple[int | None, str]:
-    """An anonymous file for a worker's crash report, private to the pool's processes:
-    nothing is left on disk however we die. A ``memfd`` where the system has them
-    (``_platform.MEMFD``): no
-    directory is involved, so a full or read-only temp directory does not matter. Else a
-    temp file, mode 0600, unlinked at once.
+    """The worker's crash-report file (see ``make_private_file``)."""
+    return make_private_file("pool-crash-report", "pool-crash-")
+
+
+def make_private_file(name: str, prefix: str) -> tuple[int | None, str]:
+    """An anonymous file shared by the parent and one worker (its crash report, its
+    progress file), private to the pool's processes: nothing is left on disk however we
+    die. A ``memfd`` where the system has them (``_platform.MEMFD``): no directory is
+    involved, so a full or read-only temp directory does not matter. Else a temp file,
+    mode 0600, unlinked at once.
 
     Returns ``(fd, "")``, or ``(None, why)`` when no file can be made. The worker then runs
-    without one, and its death is explained without its stack. Running out of descriptors
+    without one: its death is explained without its stack, or a chunk it was running
+    fails whole. Running out of descriptors
     raises instead: then no worker can start at all, and the dispatcher retries later."""
     if _platform.MEMFD:
         try:
-            return os.memfd_create("pool-crash-report"), ""
+            return os.memfd_create(name), ""
         except OSError as exc:
             if exc.errno in (errno.EMFILE, errno.ENFILE):
                 raise
             # ENOSYS on an old kernel, EPERM under a seccomp filter: a temp file instead.
     try:
-        fd, path = tempfile.mkstemp(prefix="pool-crash-")
+        fd, path = tempfile.mkstemp(prefix=prefix)
     except OSError as exc:
         if exc.errno in (errno.EMFILE, errno.ENFILE):
             raise
