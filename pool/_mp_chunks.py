@@ -17,7 +17,8 @@ Guarantees:
   the same order. An item that may have run is never run again: where the record stopped
   (a value that does not pickle, or more than the record holds), every item from there on
   fails with the error;
-- the pool does not shut down under a chunk that may still need its rest run (``hold``).
+- the pool does not shut down under a chunk that may still need its rest run: it is told
+  when the chunk has ended (``release``).
 Assumes: ``submit`` submits one chunk task per argument tuple, as the pool's group
 submitter does, and each task's error carries ``_worker.progress.ITEM_PROGRESS`` where the
 worker recorded that task.
@@ -44,7 +45,8 @@ class ChunkRun:
 
     def __init__(self, items: list[Any], submit: Submit,
                  run_later: Callable[[Callable[[], object]], None],
-                 may_resubmit: Callable[[], bool], release: Callable[[], None]) -> None:
+                 may_resubmit: Callable[[], bool],
+                 release: Callable[[ChunkRun], None]) -> None:
         self.future: PoolFuture[Any] = PoolFuture()
         self._items = items
         self._submit = submit
@@ -53,10 +55,12 @@ class ChunkRun:
         self._release = release            # the pool may shut down as far as we go
         self._values: list[Any] = []
         self._failures: list[Failure] = []
+        self.following = False             # a task of ours is in the pool, or we ended
 
     def follow(self, task: PoolFuture[Any]) -> None:
         """``task`` runs the items from ``len(self._values)`` on."""
         task._when_done(self._task_ended)
+        self.following = True
 
     def _task_ended(self, task: Any) -> None:
         # On the thread that ended the task (the dispatcher's): look, hand on, no more.
@@ -149,4 +153,4 @@ class ChunkRun:
             else:
                 self.future.set_result(result)
         finally:
-            self._release()
+            self._release(self)

@@ -95,7 +95,7 @@ class Pool:
         self._feeders: set[Latch] = set()  # one per imap still reading its input
         # Chunks of more than one item not yet ended: one may still need the rest of its
         # items run after a death (_mp_chunks), so the pool does not shut down under it.
-        self._open_chunks = 0
+        self._open_chunks: set[ChunkRun] = set()
         self._closed_down = Latch()        # close(): shutdown asked, once every feeder ended
 
     # -- the stdlib's attributes that code reads ------------------------------------------
@@ -182,7 +182,7 @@ class Pool:
             if self._state != RUN:
                 return
             self._state = CLOSE
-            feeding = bool(self._feeders) or self._open_chunks > 0
+            feeding = bool(self._feeders or self._open_chunks)
         if not feeding:
             self._shut_down()
 
@@ -345,39 +345,46 @@ class Pool:
                                                     list[PoolFuture[Any]]],
                        chunks: list[list[Any]]) -> list[PoolFuture[Any]]:
         """Submits each chunk as one task. A chunk of more than one item is followed to its
-        end by a ``ChunkRun``, whose future stands for it: a death in it costs one item."""
-        several = sum(len(chunk) > 1 for chunk in chunks)
-        if several:
-            with self._lock:
-                self._open_chunks += several
+        end by a ``ChunkRun``, whose future stands for it: a death in it costs one item.
+        The pool does not shut down under a run until it has ended. A Ctrl-C anywhere in
+        here leaves no run the pool would wait for: each is registered before its task
+        exists, and one not yet following its task is let go (a set: twice is harmless)."""
+        runs = [ChunkRun(chunk, submit_group, self._run_later, self._may_resubmit,
+                         self._chunk_released) if len(chunk) > 1 else None
+                for chunk in chunks]
+        several = [run for run in runs if run is not None]
         try:
-            tasks = submit_group([(chunk,) for chunk in chunks])
-        except BaseException:
             if several:
                 with self._lock:
-                    self._open_chunks -= several
+                    self._open_chunks.update(several)
+            tasks = submit_group([(chunk,) for chunk in chunks])
+            futures = []
+            for run, task in zip(runs, tasks):
+                if run is None:
+                    futures.append(task)
+                else:
+                    run.follow(task)
+                    futures.append(run.future)
+            return futures
+        except BaseException:
+            self._let_go([run for run in several if not run.following])
             raise
-        if not several:
-            return tasks
-        futures = []
-        for chunk, task in zip(chunks, tasks):
-            if len(chunk) == 1:
-                futures.append(task)
-                continue
-            run = ChunkRun(chunk, submit_group, self._run_later,
-                           lambda: self._state != TERMINATE, self._chunk_released)
-            run.follow(task)
-            futures.append(run.future)
-        return futures
 
-    def _chunk_released(self) -> None:
+    def _may_resubmit(self) -> bool:
+        return self._state != TERMINATE
+
+    def _chunk_released(self, run: ChunkRun) -> None:
         """A ``ChunkRun`` ended (on any thread, the dispatcher's included: the rest is
         done on a callback thread)."""
-        self._run_later(self._chunk_ended)
+        self._run_later(lambda: self._let_go([run]))
 
-    def _chunk_ended(self) -> None:
+    def _let_go(self, runs: list[ChunkRun]) -> None:
+        """The pool no longer waits for these runs; if it is closed and they were the last
+        thing it waited for, it shuts down."""
+        if not runs:
+            return
         with self._lock:
-            self._open_chunks -= 1
+            self._open_chunks.difference_update(runs)
             last = (not self._open_chunks and not self._feeders and self._state == CLOSE)
         if last:
             self._shut_down()

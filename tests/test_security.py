@@ -42,30 +42,39 @@ def test_no_socket_is_opened_by_the_pool_or_its_workers(ctx):
             assert any(what.startswith("pipe:") for what in descriptors_of(worker).values())
 
 
-def crash_files(p: pool.ProcessPool) -> list[str]:
+# A worker's files shared with the parent: its crash report, and where a pool.Pool chunk
+# records its items (_worker.progress). Each an attribute of its handle, and a memfd name.
+SHARED_FILES = [("crash_fd", "pool-crash-report"), ("progress_fd", "pool-progress")]
+
+
+def shared_files(p: pool.ProcessPool, attribute: str) -> list[str]:
     handles = list(p._dispatcher._loop._workers.values())
-    return [os.readlink(f"/proc/self/fd/{h.crash_fd}") for h in handles
-            if h.crash_fd is not None]
+    return [os.readlink(f"/proc/self/fd/{getattr(h, attribute)}") for h in handles
+            if getattr(h, attribute) is not None]
 
 
 @pytest.mark.skipif(not _platform.MEMFD, reason="no memfd_create here (or POOL_PORTABLE)")
-def test_crash_reports_are_anonymous_memory_never_a_file_on_disk(ctx):
+@pytest.mark.parametrize("attribute, memfd_name", SHARED_FILES)
+def test_crash_reports_are_anonymous_memory_never_a_file_on_disk(ctx, attribute, memfd_name):
     with pool.ProcessPool(1, mp_context=ctx) as p:
         worker = p.submit(tasks.pid_of_worker).result(60)
-        (name,) = crash_files(p)
-        assert name.startswith("/memfd:pool-crash-report") and name.endswith("(deleted)")
+        (name,) = shared_files(p, attribute)
+        assert name.startswith(f"/memfd:{memfd_name}") and name.endswith("(deleted)")
         assert any(what == name for what in descriptors_of(worker).values())
 
 
 @pytest.mark.isolated
-def test_without_memfd_a_crash_report_is_a_private_file_unlinked_at_once(ctx, monkeypatch):
+@pytest.mark.parametrize("attribute", [attribute for attribute, _ in SHARED_FILES])
+def test_without_memfd_a_crash_report_is_a_private_file_unlinked_at_once(ctx, monkeypatch,
+                                                                         attribute):
     monkeypatch.setattr(_platform, "MEMFD", False)
     with pool.ProcessPool(1, mp_context=ctx) as p:
         p.submit(tasks.square, 2).result(60)
         (handle,) = p._dispatcher._loop._workers.values()
-        assert handle.crash_fd is not None
-        assert os.readlink(f"/proc/self/fd/{handle.crash_fd}").endswith("(deleted)")
-        assert stat.S_IMODE(os.fstat(handle.crash_fd).st_mode) == 0o600  # the user's only
+        fd = getattr(handle, attribute)
+        assert fd is not None
+        assert os.readlink(f"/proc/self/fd/{fd}").endswith("(deleted)")
+        assert stat.S_IMODE(os.fstat(fd).st_mode) == 0o600  # the user's only
 
 
 def test_a_worker_inherits_the_parents_descriptors_only_under_fork(ctx, tmp_path):
