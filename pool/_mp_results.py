@@ -208,6 +208,10 @@ class MapResult(AsyncResult[list[T]]):
         values: list[Any] = []
         failed: dict[int, BaseException] = {}  # by chunk
         for number, (future, size) in enumerate(zip(self._futures, self._sizes)):
+            ok, value = outcome_of(future)
+            if ok and not value[1]:  # a chunk whose every item gave a value: as it is
+                values.extend(value[0])
+                continue
             for ok, value in chunk_outcomes(future, size):
                 values.append(value if ok else None)
                 if not ok and number not in failed:

@@ -24,6 +24,10 @@ from .._wire.exceptions import encode_exception
 from . import main as _main, progress as _progress
 
 
+# The frames of ours that a failed item's traceback starts with: this module's, the record's.
+_OWN_FILES = frozenset({__file__, _progress.__file__})
+
+
 def run_items(fn: Callable[..., Any], star: bool, items: list[Any]
               ) -> tuple[list[Any], list[tuple[int, bytes]]]:
     """``fn(item)`` for each item (``fn(*item)`` with ``star``), each exception caught.
@@ -33,21 +37,23 @@ def run_items(fn: Callable[..., Any], star: bool, items: list[Any]
     failures: list[tuple[int, bytes]] = []
     calls: Iterator[Any] = itertools.starmap(fn, items) if star else map(fn, items)
     recorder = _progress.recorder() if len(items) > 1 else None  # one item: nothing to save
-    record = None if recorder is None else recorder.begin(_main.current_task_id())
-    if record is not None:
-        calls = map(record, calls)
+    if recorder is not None:
+        recorder.begin(_main.current_task_id())
     while True:
         try:
-            values.extend(calls)
+            if recorder is None:
+                values.extend(calls)
+            else:
+                recorder.run(calls, values)
             return values, failures
         except BaseException as exc:  # as a task's: SystemExit and the like fail the item
             tb = exc.__traceback__
-            while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            while tb is not None and tb.tb_frame.f_code.co_filename in _OWN_FILES:
                 tb = tb.tb_next  # the user's frame first
             exc.__traceback__ = tb
             encoded = encode_exception(exc)
             failures.append((len(values), encoded))
-            if record is not None:
-                record(_progress.ItemFailed(encoded))
+            if recorder is not None:
+                recorder.failure(encoded)
             values.append(None)
             del exc, tb, encoded

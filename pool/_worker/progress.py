@@ -3,8 +3,8 @@ take it: a file shared with the parent, which reads it only if the worker dies.
 
 Owns: the format of the progress file, its worker-side writer (``Recorder``) and its
 parent-side reader (``read``, ``ItemProgress``).
-Runs in: the worker (``recorder``, ``Recorder.begin`` and the function it returns, as
-``_worker.items.run_items`` calls them), and the dispatcher thread (``read``, when it
+Runs in: the worker (``recorder`` and the ``Recorder``, as ``_worker.items.run_items``
+calls them), and the dispatcher thread (``read``, when it
 releases a dead worker). Decoding the
 recorded values (``ItemProgress.outcomes``) runs user code and belongs to a caller's or a
 callback thread.
@@ -22,9 +22,11 @@ Guarantees:
 Assumes: one thread of the worker records (the task's), and the parent reads only after
 the worker is dead.
 
-Layout: a header of four uint64 in this machine's order (task id, stopped, count, end),
-then the records from ``HEADER_BYTES``: one pickle each, the value, or an ``ItemFailed``
-for an item that raised. ``end`` is written before ``count``, both after the record.
+Layout: a header of four uint64 in this machine's order (the task id; whether the record
+stopped; the number of records; where they end), then the records from ``HEADER_BYTES``:
+one pickle each, by one pickler (they share its memo), of the value or of an
+``ItemFailed`` for an item that raised. After each record its end is written, then the
+count that includes it.
 """
 
 from __future__ import annotations
@@ -34,10 +36,11 @@ import mmap
 import os
 import pickle
 import struct
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 HEADER = struct.Struct("=QQQQ")  # native order, standard sizes: what memoryview "Q" writes
 HEADER_BYTES = HEADER.size
+# The words: the task's id; 1 if the record stopped; how many records; where they end.
 _TASK_ID, _STOPPED, _COUNT, _END = range(4)
 # The most a chunk records. The file is sparse: only what is written takes memory.
 CAPACITY = 16 * 1024 * 1024
@@ -60,18 +63,19 @@ class ItemFailed:
 # -- the worker's side -------------------------------------------------------------------
 
 class Recorder:
-    """Writes one chunk's items into the mapped file, in order, each through the function
-    ``begin`` returns: a value, or an ``ItemFailed`` for an item that raised."""
+    """Runs one chunk's calls and records each item's outcome as it comes: a value, or an
+    ``ItemFailed`` for an item that raised."""
 
     def __init__(self, mapped: mmap.mmap, fd: int) -> None:
         self._map = mapped
         self._fd = fd
         # The header's words, written in place (native order: the reader is this machine).
         self._header = memoryview(mapped)[:HEADER_BYTES].cast("Q")
+        self._dump: Callable[[Any], None] | None = None  # None: recording stopped
+        self._done = 0
 
-    def begin(self, task_id: int) -> Callable[[Any], Any]:
-        """Starts the chunk of task ``task_id``. Returns the function each item's outcome
-        goes through: it records it and returns it (one call per item, kept lean)."""
+    def begin(self, task_id: int) -> None:
+        """Starts the chunk of task ``task_id``."""
         mapped = self._map
         if mapped.tell() > _KEEP_BYTES:  # the last chunk wrote much: its pages go back
             try:
@@ -85,27 +89,55 @@ class Recorder:
         header[_STOPPED], header[_COUNT], header[_END] = 0, 0, HEADER_BYTES
         header[_TASK_ID] = task_id
         mapped.seek(HEADER_BYTES)
-        pickler = pickle.Pickler(mapped, pickle.HIGHEST_PROTOCOL)  # writes into the map
-        dump, clear_memo, tell = pickler.dump, pickler.clear_memo, mapped.tell
-        count = 0
-        stopped = False
+        # One pickler for the chunk, writing into the map. Its memo is kept from record to
+        # record (the parent reads them with one unpickler): no clearing per item.
+        self._dump = pickle.Pickler(mapped, pickle.HIGHEST_PROTOCOL).dump
+        self._done = 0
 
-        def record(outcome: Any) -> Any:
-            nonlocal count, stopped
-            if not stopped:
+    def run(self, calls: Iterator[Any], values: list[Any]) -> None:
+        """Appends each value ``calls`` gives to ``values``, recording it before the next
+        call. Raises what a call raises: the caller records that item (``failure``) and
+        calls again to go on. The loop is written out here, not a function per item: this
+        is the cost of the record, paid on every item of every chunk."""
+        dump = self._dump
+        if dump is None:  # stopped: the rest at C speed
+            values.extend(calls)
+            return
+        append, tell, header = values.append, self._map.tell, self._header
+        done = self._done
+        try:
+            for value in calls:
+                append(value)
                 try:
-                    dump(outcome)
+                    dump(value)
                 except BaseException:  # it does not pickle (or its reduce raised), or no room
-                    stopped = True
-                    header[_STOPPED] = 1
-                    return outcome
-                clear_memo()  # each record is a pickle of its own
-                count += 1
-                header[_END] = tell()  # the record, then its end, then the count
-                header[_COUNT] = count
-            return outcome
+                    self._stop()
+                    values.extend(calls)
+                    return
+                done += 1
+                header[_END] = tell()  # the record is in; then where it ends; then the count
+                header[_COUNT] = done
+        finally:
+            self._done = done
 
-        return record
+    def failure(self, encoded: bytes) -> None:
+        """The item after those recorded raised; ``encoded`` is its exception."""
+        dump = self._dump
+        if dump is None:
+            return
+        try:
+            dump(ItemFailed(encoded))
+        except BaseException:
+            self._stop()
+            return
+        self._done += 1
+        self._header[_END] = self._map.tell()
+        self._header[_COUNT] = self._done
+
+    def _stop(self) -> None:
+        """Records nothing more of this chunk, and says so."""
+        self._dump = None
+        self._header[_STOPPED] = 1
 
 
 _file_fd: int | None = None     # the worker's progress file, from its setup
@@ -151,10 +183,10 @@ class ItemProgress(NamedTuple):
         """Each recorded item's ``(True, value)`` or ``(False, encoded exception)``, in
         order. Runs user code (unpickling values): never on the dispatcher thread. Raises
         what unpickling raises."""
-        stream = io.BytesIO(self.records)
+        unpickler = pickle.Unpickler(io.BytesIO(self.records))  # one: the records share a memo
         found: list[tuple[bool, Any]] = []
         for _ in range(self.finished):
-            item = pickle.load(stream)
+            item = unpickler.load()
             if type(item) is ItemFailed:
                 found.append((False, item.encoded))
             else:
