@@ -29,7 +29,7 @@ from __future__ import annotations
 from concurrent.futures import CancelledError
 from typing import Any, Callable
 
-from ._errors import copy_error
+from ._errors import TaskInfo, copy_error
 from ._futures import PoolFuture
 from ._worker.progress import ITEM_PROGRESS, ItemProgress
 
@@ -46,13 +46,16 @@ class ChunkRun:
     def __init__(self, items: list[Any], submit: Submit,
                  run_later: Callable[[Callable[[], object]], None],
                  may_resubmit: Callable[[], bool],
-                 release: Callable[[ChunkRun], None]) -> None:
+                 release: Callable[[ChunkRun], None],
+                 arguments_of: Callable[[Any], tuple[Any, ...]] = lambda item: (item,)
+                 ) -> None:
         self.future: PoolFuture[Any] = PoolFuture()
         self._items = items
         self._submit = submit
         self._run_later = run_later
         self._may_resubmit = may_resubmit  # False once the pool is terminated
         self._release = release            # the pool may shut down as far as we go
+        self._arguments_of = arguments_of  # an item's call's arguments, as errors show them
         self._values: list[Any] = []
         self._failures: list[Failure] = []
         self.following = False             # a task of ours is in the pool, or we ended
@@ -111,7 +114,7 @@ class ChunkRun:
                 self._fail_from(running, error)
             elif running < len(self._items):  # else it died after the last item
                 self._values.append(None)
-                self._failures.append((running, error))
+                self._failures.append((running, self._naming(error, self._items[running])))
                 rest = self._items[running + 1:]
                 if rest and self._submit_rest(rest):
                     return
@@ -119,6 +122,16 @@ class ChunkRun:
         except BaseException as exc:  # never leave the chunk's results waiting
             self._fail_from(len(self._values), exc)
             self._end(result=(self._values, self._failures))
+
+    def _naming(self, error: BaseException, item: Any) -> BaseException:
+        """``error`` (a WorkerDied or TaskTimeout of the chunk's task), naming the item
+        that was running rather than the chunk: ``work(13)``, not ``work([12, 13, ...])``."""
+        task = getattr(error, "task", None)
+        if isinstance(task, TaskInfo):
+            named = TaskInfo(task.task_id, task.fn, self._arguments_of(item), {})
+            error.task = named  # type: ignore[attr-defined]
+            error.args = tuple(named if arg is task else arg for arg in error.args)
+        return error
 
     def _submit_rest(self, rest: list[Any]) -> bool:
         """Submits the items after the one that failed; False if the pool will not run

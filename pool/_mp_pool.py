@@ -252,7 +252,7 @@ class Pool:
         chunks = [] if length == 0 else list(_chunked(iter(items), chunksize))
         submit_group = executor._group_submitter(func, functools.partial(run_items, func, star),
                                                  functools.partial(_described, star))
-        futures = self._submit_chunks(submit_group, chunks)
+        futures = self._submit_chunks(submit_group, chunks, star)
         # (An empty input is ready at once, with no callback called: as the stdlib's.)
         return MapResult(futures, [len(chunk) for chunk in chunks],
                          callback if chunks else None, error_callback if chunks else None,
@@ -320,7 +320,7 @@ class Pool:
                     group.append(chunk)
                 if group:  # what was read before an error or the end runs too
                     try:
-                        futures = self._submit_chunks(submit_group, group)
+                        futures = self._submit_chunks(submit_group, group, False)
                     except BaseException as exc:  # terminated or broken under us
                         result._failed_at(start, _terminated() if self._state == TERMINATE
                                           else copy_error(exc))
@@ -343,14 +343,15 @@ class Pool:
 
     def _submit_chunks(self, submit_group: Callable[[list[tuple[Any, ...]]],
                                                     list[PoolFuture[Any]]],
-                       chunks: list[list[Any]]) -> list[PoolFuture[Any]]:
+                       chunks: list[list[Any]], star: bool) -> list[PoolFuture[Any]]:
         """Submits each chunk as one task. A chunk of more than one item is followed to its
         end by a ``ChunkRun``, whose future stands for it: a death in it costs one item.
         The pool does not shut down under a run until it has ended. A Ctrl-C anywhere in
         here leaves no run the pool would wait for: each is registered before its task
         exists, and one not yet following its task is let go (a set: twice is harmless)."""
+        arguments_of = functools.partial(_item_arguments, star)
         runs = [ChunkRun(chunk, submit_group, self._run_later, self._may_resubmit,
-                         self._chunk_released) if len(chunk) > 1 else None
+                         self._chunk_released, arguments_of) if len(chunk) > 1 else None
                 for chunk in chunks]
         several = [run for run in runs if run is not None]
         try:
@@ -412,10 +413,15 @@ def _chunked(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
         yield chunk
 
 
+def _item_arguments(star: bool, item: Any) -> tuple[Any, ...]:
+    """The arguments of one item's call, as errors show them."""
+    return tuple(item) if star else (item,)
+
+
 def _described(star: bool, args: tuple[Any, ...]) -> tuple[Any, ...]:
     """What errors show as the arguments of a chunk's call: the item's own, for a chunk of
     one (``work(3)``, not ``work([3])``); the list of items, for a longer one."""
     (chunk,) = args
     if len(chunk) != 1:
         return args
-    return tuple(chunk[0]) if star else (chunk[0],)
+    return _item_arguments(star, chunk[0])

@@ -42,6 +42,8 @@ with pool.Pool(2, context=CTX, task_timeout=3) as p:
                 break
             except Exception as error:
                 got[f"failed {{position}}"] = outcome(error)
+                if position == 3:
+                    facts["named " + name] = str(error).splitlines()[0]
             else:
                 got[str(value)] = "ok"
             position += 1
@@ -70,6 +72,8 @@ def test_a_death_or_timeout_in_a_chunk_costs_one_item_and_runs_none_twice(method
         **{str(x * x): "ok" for x in range(24) if x not in EFFECTS},
         **{f"failed {x}": FAILS_WITH[x] for x in EFFECTS}}, facts["imap"]
     assert {str(k): v for k, v in facts["imap runs"].items()} == once
+    # The error names the item that was running, not the chunk.
+    assert facts["named imap"].endswith("(3)"), facts["named imap"]
     # imap_unordered: the same outcomes, in whatever order they came.
     outcomes = sorted(facts["imap_unordered"].values())
     assert outcomes == sorted(["ok"] * (24 - len(EFFECTS)) + list(FAILS_WITH.values()))
