@@ -38,6 +38,7 @@ from .._worker import teardown
 from .._worker.handle import WorkerHandle
 from .._worker.main import Initializer
 from .._worker.main_guard import keep_main_importable
+from .._worker.progress import ITEM_PROGRESS
 from .commands import Front, Submission
 from .outcomes import StartFailureReport, failure, is_refusal, resolve
 from .reaper import Reaper
@@ -192,10 +193,14 @@ class Performer:
         look at the future: a fire-and-forget submit), with the facts in ``extra`` for
         structured handlers. An idle worker's death is logged in ``_departed``; a timeout
         or a stop, which the pool itself caused, is not a death to warn of."""
+        progress = getattr(error, ITEM_PROGRESS, None)
+        # A chunk that recorded its items (pool.Pool's) loses only the one it was running.
+        where = ("" if progress is None else
+                 f", after {progress.finished} of its chunk's items had finished")
         logger.warning(
             "%s: worker pid %d died (%s) while running %s; that task failed with "
-            "WorkerDied", self.name, error.pid, describe_exit(error.exitcode),
-            error.task.describe(),
+            "WorkerDied%s", self.name, error.pid, describe_exit(error.exitcode),
+            error.task.describe(), where,
             extra={"pool_event": "worker_died", "pool_name": self.name,
                    "pool_worker_pid": error.pid, "pool_exitcode": error.exitcode,
                    "pool_signal": error.signal_name, "pool_task": error.task.describe(),
