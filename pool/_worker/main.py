@@ -45,7 +45,6 @@ from multiprocessing import util as _util
 from .. import _compat, _exit, _platform, _shake
 from .._wire import exceptions as _exceptions, frames as _frames, pickling as _pickling
 from .._wire import pipes as _pipes
-from . import progress as _progress
 from .streams import drop_inherited_output
 from .._wire.frames import Kind
 
@@ -72,6 +71,11 @@ def _give_back_stop_signals(_: object) -> None:
 # into that pipe themselves (garbage, or a reply followed by a death).
 _reply_fd: int | None = None
 _current_task_id = 0
+
+
+# This worker's progress file, mapped by ``progress`` at the first chunk that records its
+# items (that module is imported only then: a worker that runs none does not pay for it).
+_progress_fd: int | None = None
 
 
 def current_task_id() -> int:
@@ -258,7 +262,8 @@ def worker_main(setup: WorkerSetup) -> None:
         # parent sees the exit only once the stack is written.
         faulthandler.register(DUMP_SIGNAL, file=setup.crash_fd.fd, all_threads=True,
                               chain=True)
-    _progress.use_file(None if setup.progress_fd is None else setup.progress_fd.fd)
+    global _progress_fd
+    _progress_fd = None if setup.progress_fd is None else setup.progress_fd.fd
     threading.Thread(target=_watch_parent, name="pool-worker-watchdog", daemon=True,
                      args=(setup.lifeline_fd.fd,)).start()
 

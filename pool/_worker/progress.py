@@ -38,6 +38,8 @@ import pickle
 import struct
 from typing import Any, Callable, Iterator, NamedTuple
 
+from . import main as _main
+
 HEADER = struct.Struct("=QQQQ")  # native order, standard sizes: what memoryview "Q" writes
 HEADER_BYTES = HEADER.size
 # The words: the task's id; 1 if the record stopped; how many records; where they end.
@@ -140,22 +142,15 @@ class Recorder:
         self._header[_STOPPED] = 1
 
 
-_file_fd: int | None = None     # the worker's progress file, from its setup
 _recorder: Recorder | None = None
-
-
-def use_file(fd: int | None) -> None:
-    """In the worker, at its start: the progress file the parent made for it."""
-    global _file_fd, _recorder
-    _file_fd, _recorder = fd, None
 
 
 def recorder() -> Recorder | None:
     """The worker's recorder, mapped at its first chunk; None outside a worker, or where
     the file could not be made or mapped (the worker's death then fails the whole chunk)."""
-    global _recorder, _file_fd
-    if _recorder is None and _file_fd is not None:
-        fd, _file_fd = _file_fd, None
+    global _recorder
+    if _recorder is None and _main._progress_fd is not None:
+        fd, _main._progress_fd = _main._progress_fd, None  # one try
         try:
             os.ftruncate(fd, CAPACITY)
             mapped = mmap.mmap(fd, CAPACITY)
