@@ -12,7 +12,9 @@ Guarantees:
   up to ``MAX_CALLBACK_THREADS``. One that raises anything, even ``SystemExit`` or
   ``KeyboardInterrupt``, is logged and the next one runs;
 - a future's callbacks run in the order they were added, once;
-- callbacks queued when no thread could start, at interpreter exit, run in ``join()``.
+- callbacks queued when no thread could start, at interpreter exit, run in ``join()``;
+  work that a runner thread queues itself runs on that thread, after its current callback,
+  even once the runner is closed.
 Assumes: a ``Future`` keeps its callbacks in ``_done_callbacks``, as the stdlib's does
 from 3.2 to 3.14, and a future is done, its list complete, when it is handed here.
 """
@@ -84,8 +86,17 @@ class CallbackRunner:
         self._backlog = 0   # futures queued and not yet taken by a thread
         self._warned = False
         self._running_since: dict[int, float] = {}   # thread ident -> its callback's start
+        # On each of the runner's threads: what it queued itself while running a callback
+        # (a pool.Pool chunk that ended there hands on its result's callback). That runs
+        # on the same thread once its callback returns: never lost behind close()'s
+        # markers, and no thread started for it.
+        self._own = threading.local()
 
     def put(self, future: Future[Any] | _Call) -> None:
+        own: list[Future[Any] | _Call] | None = getattr(self._own, "queued", None)
+        if own is not None:  # one of our threads: it runs this next
+            own.append(future)
+            return
         with self._lock:
             self._queue.put(future)
             self._backlog += 1
@@ -121,6 +132,8 @@ class CallbackRunner:
         self.put(_Call(fn))
 
     def _run(self) -> None:
+        queued: list[Future[Any] | _Call] = []
+        self._own.queued = queued
         while True:
             future = self._queue.get()
             with self._lock:
@@ -130,6 +143,8 @@ class CallbackRunner:
                 self._backlog -= 1
                 self._running_since[threading.get_ident()] = time.monotonic()
             run_callbacks(future)
+            while queued:
+                run_callbacks(queued.pop(0))
             del future
             with self._lock:
                 del self._running_since[threading.get_ident()]

@@ -235,19 +235,24 @@ class ProcessPool(StdlibAttributes, Executor):
             self._dispatcher.submit_many(encoded, self._task_timeout)))
 
     def _group_submitter(self, fn: Callable[..., Any], runner: Callable[..., Any],
-                         described: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
+                         described: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None,
+                         items_of: Callable[[tuple[Any, ...]], int] | None = None
                          ) -> _mapping.SubmitGroup:
         """What other faces submit through (``pool.Pool``'s chunks): a function that
         submits groups of argument tuples for ``runner``, which calls ``fn``, with the
-        pool's ``task_timeout``; ``runner`` is pickled once. ``described``: see
+        pool's ``task_timeout`` (times ``items_of(args)``, the items a call runs, if
+        given); ``runner`` is pickled once. ``described``: see
         ``_mapping.encoded_submitter``. Raises what ``submit`` would if the pool is not
         open."""
         from . import _mapping
         self._dispatcher.check_open()
         if not self._main_checked:
             self._check_first_use()
-        return _mapping.encoded_submitter(fn, runner, lambda encoded: (
-            self._dispatcher.submit_many(encoded, self._task_timeout)), described)
+        timeout = self._task_timeout
+        return _mapping.encoded_submitter(
+            fn, runner, lambda encoded: self._dispatcher.submit_many(encoded, timeout),
+            described, items_of, lambda encoded, items: self._dispatcher.submit_many(
+                encoded, None if timeout is None else timeout * items))
 
     def _check_first_use(self) -> None:
         """Before the first task: fail at once where workers cannot work, and prepare

@@ -75,12 +75,17 @@ def calls(fn: Callable[..., Any], iterables: tuple[Iterable[Any], ...], chunksiz
 
 def encoded_submitter(fn: Callable[..., Any], runner: Callable[..., Any],
                       submit: SubmitEncoded,
-                      described: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None
+                      described: Callable[[tuple[Any, ...]], tuple[Any, ...]] | None = None,
+                      scale: Callable[[tuple[Any, ...]], int] | None = None,
+                      submit_scaled: Callable[[list[EncodedCall], int],
+                                              list[PoolFuture[Any]]] | None = None
                       ) -> SubmitGroup:
     """The function that submits groups of argument tuples for ``runner``, which calls
     ``fn`` (named in errors), through ``submit``. ``runner`` is pickled once, here.
     ``described(args)``, if given, is the arguments that errors show for ``fn``'s call
-    (by default, ``args`` themselves)."""
+    (by default, ``args`` themselves). With ``scale``, calls go through
+    ``submit_scaled(calls, scale(args))`` instead, consecutive calls of one scale together
+    (a chunk's time limit is its items')."""
     try:
         fn_blob = _pickling.dumps_callable(runner)
     except ArgumentPicklingError as exc:
@@ -95,11 +100,13 @@ def encoded_submitter(fn: Callable[..., Any], runner: Callable[..., Any],
         futures: list[PoolFuture[Any]] = []
         encoded: list[EncodedCall] = []  # not yet submitted, in order
         encoded_bytes = 0
+        encoded_scale = 1
 
         def submit_encoded() -> None:
             nonlocal encoded, encoded_bytes
             if encoded:
-                futures.extend(submit(encoded))
+                futures.extend(submit(encoded) if submit_scaled is None
+                               else submit_scaled(encoded, encoded_scale))
                 encoded, encoded_bytes = [], 0
 
         with _cancelled_if_interrupted(futures):
@@ -111,6 +118,9 @@ def encoded_submitter(fn: Callable[..., Any], runner: Callable[..., Any],
                     submit_encoded()  # in order: those before it go first
                     futures.append(failed_future(exc))
                     continue
+                if scale is not None and scale(args) != encoded_scale:
+                    submit_encoded()  # one scale per submission
+                    encoded_scale = scale(args)
                 encoded.append((fn, args if described is None else described(args), {}, body))
                 encoded_bytes += sum(map(len, body))
                 if encoded_bytes >= GROUP_BYTES:

@@ -85,14 +85,16 @@ class ChunkRun:
 
     def _rest_ended(self, result: Any, error: BaseException | None) -> None:
         """A task that ran the rest of the chunk ended (on a callback thread)."""
-        offset = len(self._values)
-        if error is None:
-            values, failures = result
-            self._values.extend(values)
-            self._failures.extend((offset + index, failed) for index, failed in failures)
-        else:
-            self._fail_from(offset, error)
-        self._end(result=(self._values, self._failures))
+        try:
+            offset = len(self._values)
+            if error is None:
+                values, failures = result
+                self._values.extend(values)
+                self._failures.extend((offset + index, failed) for index, failed in failures)
+            else:
+                self._fail_from(offset, error)
+        finally:  # never leave the chunk's results waiting
+            self._end(result=(self._values, self._failures))
 
     def _recover(self, error: BaseException) -> None:
         """The task's worker died (or it timed out) with some of its items recorded: keep
@@ -113,22 +115,29 @@ class ChunkRun:
             if progress.stopped:  # the items from here may have run: none runs again
                 self._fail_from(running, error)
             elif running < len(self._items):  # else it died after the last item
+                self._failures.append((running, error))  # first: it fails whatever comes
                 self._values.append(None)
-                self._failures.append((running, self._naming(error, self._items[running])))
+                self._naming(error, self._items[running])
                 rest = self._items[running + 1:]
                 if rest and self._submit_rest(rest):
                     return
             self._end(result=(self._values, self._failures))
         except BaseException as exc:  # never leave the chunk's results waiting
-            self._fail_from(len(self._values), exc)
-            self._end(result=(self._values, self._failures))
+            try:
+                self._fail_from(len(self._values), exc)
+            finally:
+                self._end(result=(self._values, self._failures))
 
     def _naming(self, error: BaseException, item: Any) -> BaseException:
         """``error`` (a WorkerDied or TaskTimeout of the chunk's task), naming the item
         that was running rather than the chunk: ``work(13)``, not ``work([12, 13, ...])``."""
         task = getattr(error, "task", None)
         if isinstance(task, TaskInfo):
-            named = TaskInfo(task.task_id, task.fn, self._arguments_of(item), {})
+            try:
+                arguments = self._arguments_of(item)
+            except Exception:  # (a starmap item that is not a sequence: as it was sent)
+                return error
+            named = TaskInfo(task.task_id, task.fn, arguments, {})
             error.task = named  # type: ignore[attr-defined]
             error.args = tuple(named if arg is task else arg for arg in error.args)
         return error
@@ -143,8 +152,9 @@ class ChunkRun:
             return False
         try:
             (task,) = self._submit([(rest,)])
-        except BaseException as exc:
-            self._fail_from(start, exc)
+        except BaseException as exc:  # terminated meanwhile, or broken
+            self._fail_from(start, exc if self._may_resubmit() else CancelledError(
+                "the pool was terminated before this item was sent"))
             return False
         self.follow(task)
         return True

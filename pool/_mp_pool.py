@@ -1,8 +1,9 @@
 """``pool.Pool``: a drop-in for ``multiprocessing.pool.Pool`` on pool's dispatcher.
 
-Owns: the face's own state (RUN, CLOSE, TERMINATE, as the stdlib names it) and the feeder
-threads of ``imap`` calls still reading their input; everything else is the
-``ProcessPool`` it holds (DESIGN.md, "One engine, many faces").
+Owns: the face's own state (RUN, CLOSE, TERMINATE, as the stdlib names it), the feeder
+threads of ``imap`` calls still reading their input, and the chunks not yet ended
+(``_mp_chunks.ChunkRun``); everything else is the ``ProcessPool`` it holds (DESIGN.md,
+"One engine, many faces").
 Runs in: callers' threads; each ``imap`` reads its input on a feeder thread of its own,
 as the stdlib's task thread does; results resolve on the pool's callback threads.
 Guarantees:
@@ -12,10 +13,11 @@ Guarantees:
   ``ValueError("Pool not running")``, ``join()`` before ``close()`` ``ValueError("Pool is
   still running")``;
 - a worker's death fails what it was running, and only that: an ``apply_async`` result, or
-  the items of the chunk it was running (one item with ``chunksize=1``); the rest run;
+  the item it was running, in a chunk too (``_mp_chunks``); the rest run, none twice;
 - an item's exception fails that item alone, chunked or not;
 - ``close()`` lets every task submitted run, and the input of every ``imap`` still being
-  read is read to its end first; ``join()`` then returns once every worker is gone.
+  read is read to its end first, and every chunk ended (the rest of one whose worker died
+  runs as a new task); ``join()`` then returns once every worker is gone.
   ``terminate()`` cancels what has not started and ends the workers; the results it
   leaves unfinished fail (the stdlib's never become ready).
 Assumes: the ``ProcessPool`` it holds is used by nothing else.
@@ -69,7 +71,9 @@ class Pool:
     one that raises is logged. ``imap`` and ``imap_unordered`` return iterators whose
     ``next(timeout)`` does the same; a failed item raises at its place and the iteration
     goes on. ``chunksize`` items travel and run as one task; an item that raises fails
-    alone, and a death or a ``task_timeout`` fails the chunk it hit.
+    alone, and so does the one a death or a ``task_timeout`` hit (a chunk's time limit is
+    ``task_timeout`` for each of its items): the items before it are delivered, the items
+    after it run again, none twice.
     """
 
     def __init__(self, processes: int | None = None,
@@ -251,7 +255,8 @@ class Pool:
             raise ValueError(f"Chunksize must be 1+, not {chunksize:n}")
         chunks = [] if length == 0 else list(_chunked(iter(items), chunksize))
         submit_group = executor._group_submitter(func, functools.partial(run_items, func, star),
-                                                 functools.partial(_described, star))
+                                                 functools.partial(_described, star),
+                                                 _chunk_length)
         futures = self._submit_chunks(submit_group, chunks, star)
         # (An empty input is ready at once, with no callback called: as the stdlib's.)
         return MapResult(futures, [len(chunk) for chunk in chunks],
@@ -270,7 +275,7 @@ class Pool:
         try:
             submit_group = executor._group_submitter(
                 func, functools.partial(run_items, func, False),
-                functools.partial(_described, False))
+                functools.partial(_described, False), _chunk_length)
             feeder = threading.Thread(target=self._feed, name=f"{executor._dispatcher.name}-imap",
                                       args=(iterable, chunksize, submit_group, result, done),
                                       daemon=True)
@@ -375,9 +380,14 @@ class Pool:
         return self._state != TERMINATE
 
     def _chunk_released(self, run: ChunkRun) -> None:
-        """A ``ChunkRun`` ended (on any thread, the dispatcher's included: the rest is
-        done on a callback thread)."""
-        self._run_later(lambda: self._let_go([run]))
+        """A ``ChunkRun`` ended, on any thread, the dispatcher's included: the set is
+        changed here (the lock is only ever held for a moment); a shutdown it allows is
+        asked from a callback thread, never from the dispatcher's."""
+        with self._lock:
+            self._open_chunks.discard(run)
+            last = (not self._open_chunks and not self._feeders and self._state == CLOSE)
+        if last:
+            self._run_later(self._shut_down)
 
     def _let_go(self, runs: list[ChunkRun]) -> None:
         """The pool no longer waits for these runs; if it is closed and they were the last
@@ -411,6 +421,12 @@ def _terminated() -> BaseException:
 def _chunked(items: Iterator[Any], size: int) -> Iterator[list[Any]]:
     while chunk := list(itertools.islice(items, size)):
         yield chunk
+
+
+def _chunk_length(args: tuple[Any, ...]) -> int:
+    """The items a chunk's call runs: its time limit is ``task_timeout`` for each."""
+    (chunk,) = args
+    return len(chunk)
 
 
 def _item_arguments(star: bool, item: Any) -> tuple[Any, ...]:

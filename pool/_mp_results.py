@@ -10,7 +10,8 @@ Guarantees:
 - a result is ready only once its ``callback`` or ``error_callback`` has run, as with the
   stdlib; one that raises is logged and the result is ready all the same (the stdlib's
   result thread dies of it, and every later ``get()`` of that pool hangs). A result with
-  neither is its futures': nothing runs on another thread to make it ready;
+  neither is its futures': nothing runs on another thread to make it ready, but for a
+  chunk whose worker died, which ends on a callback thread (``_mp_chunks``);
 - ``get``, ``wait`` and ``next`` wait on the futures' latches or a C queue, in slices: a
   Ctrl-C always interrupts them, and leaves nothing taken that another thread needs;
 - in a chunk, an item's exception fails that item alone. A worker's death or a timeout

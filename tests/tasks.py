@@ -690,3 +690,22 @@ class DiesSending:
         if self.pickled == 2 and multiprocessing.parent_process() is not None:
             sigkill_self()
         return DiesSending, (self.x, 99)
+
+
+def nested_pool_then(directory, x):
+    """Runs a chunk on a pool.Pool of its own (forked from this worker), then, for x == 0,
+    SIGKILLs this worker: the inner pool's record must not stand for this one's."""
+    import pool
+    with open(os.path.join(directory, str(x)), "a") as marks:
+        marks.write("x")
+    if x == 0:
+        with pool.Pool(1, context=multiprocessing.get_context("fork")) as inner:
+            inner.map(square, [10, 11, 12, 13], chunksize=4)
+        sigkill_self()
+    return ("outer", x)
+
+
+def start_then_sleep(directory, x):
+    """Say that x started (``directory/started-x``), then sleep a minute."""
+    open(os.path.join(directory, f"started-{x}"), "w").close()
+    time.sleep(60)

@@ -28,7 +28,7 @@ def outcome(error):
     return type(error).__name__
 
 facts = {{}}
-with pool.Pool(2, context=CTX, task_timeout=3) as p:
+with pool.Pool(2, context=CTX, task_timeout=0.5) as p:  # a chunk of n items: n x 0.5 s
     for name, make in (("imap", p.imap), ("imap_unordered", p.imap_unordered)):
         marks = tempfile.mkdtemp()
         run = functools.partial(tasks.counted_then, marks, EFFECTS)
@@ -132,3 +132,87 @@ def test_items_whose_outcome_is_unknown_fail_and_never_run_twice(method, tmp_pat
     assert facts["after the last runs"] == {str(x): 1 for x in range(4)}
     assert facts["after close"] == "died"
     assert facts["after close runs"] == {str(x): 1 for x in range(8)}
+
+
+TERMINATE_WHILE_THE_REST_RUNS = '''
+import functools, tempfile, threading
+marks = tempfile.mkdtemp()
+facts = {}
+def work(x):
+    return tasks.sigkill_self() if x == 0 else tasks.start_then_sleep(marks, x)
+seen = []
+p = pool.Pool(1, context=CTX)
+# Item 0 kills the worker; the rest of the chunk (1 to 3) runs again as a task, on a
+# callback thread's say; terminate() comes while item 1 of it runs.
+result = p.map_async(functools.partial(tasks.counted_then, marks,
+                                       {0: "sigkill", 1: "sleep"}), range(4), chunksize=4,
+                     error_callback=seen.append)
+helpers.wait_until(lambda: os.path.exists(os.path.join(marks, "1")), 60)
+p.terminate()
+p.join()
+result.wait(30)
+facts["ready"] = result.ready()
+try:
+    result.get(0)
+except BaseException as error:
+    facts["error"] = type(error).__name__
+facts["callback"] = [type(e).__name__ for e in seen]
+report(**facts)
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", START_METHODS)
+def test_terminate_while_the_rest_of_a_chunk_runs_ends_at_once(method, tmp_path):
+    """The review's hang: a chunk that recovers ends on a callback thread, and what it
+    hands on must still run once terminate() has closed the callback threads."""
+    for attempt in range(3):   # it hung in most runs before the fix
+        facts, _ = run_script(TERMINATE_WHILE_THE_REST_RUNS, method, tmp_path, timeout=90)
+        assert facts["ready"] and facts["callback"] == [facts["error"]], facts
+        assert facts["error"] in ("WorkerDied", "WorkerTerminated", "CancelledError"), facts
+
+
+NESTED = '''
+import functools, tempfile
+marks = tempfile.mkdtemp()
+got = []
+with pool.Pool(1, context=CTX) as p:
+    iterator = p.imap(functools.partial(tasks.nested_pool_then, marks), range(4), chunksize=4)
+    for _ in range(4):
+        try:
+            got.append(next(iterator))
+        except pool.WorkerDied:
+            got.append("died")
+report(got=got, runs=tasks.runs_of(marks))
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", START_METHODS)
+def test_a_pool_forked_inside_a_chunk_does_not_write_the_outer_chunks_record(method,
+                                                                           tmp_path):
+    """A worker forked from a worker inherits its record's file and map: it must record
+    into its own, or the outer death would deliver the inner pool's values."""
+    facts, _ = run_script(NESTED, method, tmp_path, timeout=90)
+    assert facts["got"] == ["died", ["outer", 1], ["outer", 2], ["outer", 3]], facts
+    assert facts["runs"] == {"0": 1, "1": 1, "2": 1, "3": 1}
+
+
+SLOW_ITEMS = '''
+import functools, tempfile
+marks = tempfile.mkdtemp()
+with pool.Pool(1, context=CTX, task_timeout=1.5) as p:
+    values = p.map(functools.partial(tasks.counted_then, marks, {}), range(4), chunksize=4)
+    sleepy = p.map(functools.partial(tasks.sleep_then, 0.6), range(4), chunksize=4)
+report(values=values, sleepy=sleepy)
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", START_METHODS)
+def test_task_timeout_is_each_items_in_a_chunk(method, tmp_path):
+    """Four items of 0.6 s, task_timeout=1.5: the chunk gets 4 x 1.5 s, and none of its
+    items is blamed for the others' time."""
+    facts, _ = run_script(SLOW_ITEMS, method, tmp_path, timeout=90)
+    assert facts["values"] == [0, 1, 4, 9]
+    assert facts["sleepy"] == [0, 1, 2, 3]

@@ -114,13 +114,14 @@ class _LargeFrameWriter:
         return self.done
 
 
-# The most new descriptors that starting a worker holds at once in the parent: its pipes
-# and crash file (6), and what multiprocessing opens to start it. That is a socket and two
-# pipes under forkserver, fork_exec's pipes under spawn. They are taken and given back
+# The most new descriptors that starting a worker holds at once in the parent: its pipes,
+# crash file and progress file (7), and what multiprocessing opens to start it. That is a
+# socket and two pipes under forkserver, fork_exec's pipes under spawn, with a spare or
+# two. They are taken and given back
 # before the start, so a start that would run out fails before it begins. A forkserver
 # sent half a request, because the parent ran out in the middle, exits on Python
 # 3.11-3.13, and every worker it started loses the exit status the pool watches.
-_START_DESCRIPTORS = 12
+_START_DESCRIPTORS = 14
 
 
 def _check_descriptors_to_start() -> None:
@@ -243,7 +244,8 @@ class WorkerHandle:
             crash_fd, no_crash_file = _teardown.make_crash_file()
             if crash_fd is not None:
                 opened.append(crash_fd)
-            progress_fd, _ = _teardown.make_private_file("pool-progress", "pool-progress-")
+            progress_fd, _, progress_in_memory = _teardown.make_private_file(
+                "pool-progress", "pool-progress-")
             if progress_fd is not None:
                 opened.append(progress_fd)
             # The worker's own read end, kept to count what it leaves unread (see count_fd).
@@ -259,7 +261,8 @@ class WorkerHandle:
                                 fds_to_close=to_close, forked=inherited_fds is not None,
                                 portable=_platform.PORTABLE,
                                 progress_fd=(None if progress_fd is None
-                                             else InheritedFd(progress_fd)))
+                                             else InheritedFd(progress_fd)),
+                                progress_in_memory=progress_in_memory)
             process = ctx.Process(target=worker_main, args=(setup,), name=name)
             with _compat.std_streams_left_unflushed():  # a blocked stdout must not block us
                 _start_holding_stop_signals(process, method)
@@ -433,7 +436,9 @@ class WorkerHandle:
         self.outbox, self._outbox_bytes = [], 0
         crash_report = (_teardown.read_crash_report(self.crash_fd) if self.crash_fd is not None
                         else f"none: {self._no_crash_file}")
-        progress = _progress.read(self.progress_fd)
+        # The records only for a worker that died or was killed: a chunk it ran may be
+        # failing (a worker that exited by itself, retired or idle, finished its tasks).
+        progress = _progress.read(self.progress_fd, with_records=exitcode != 0)
         self.close_task_pipe()
         _teardown.close_fds(self.reader.fd, self.crash_fd, self.progress_fd)
         return Exit(self.pid, exitcode, crash_report, unread, group_left, self.start_error,

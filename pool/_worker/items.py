@@ -6,11 +6,9 @@ worker imports this module alone for it).
 Guarantees: the chunk's task returns ``(values, failures)``. ``values[i]`` is item i's
 result, or None where ``failures`` holds ``(i, encoded exception)``; each exception is
 encoded with its frames, as a task's own is (``_wire.exceptions``), and decoded by the
-caller's side. Only what ends the whole task (the worker's death, the task's timeout)
-fails every item of the chunk.
-In a worker, each item's outcome is also recorded as it finishes (``_worker.progress``):
-if the worker dies, or the chunk times out, the parent still has the items that finished,
-and knows which one was running.
+caller's side. In a worker, each item's outcome is also recorded as it finishes
+(``_worker.progress``): if the worker dies, or the chunk times out, the parent still has
+the items that finished, and knows which one was running (``_mp_chunks``).
 Assumes: ``fn`` and the items came in the chunk's call, unpickled; in a worker, the task
 being run is ``_worker.main``'s current one.
 """
@@ -37,8 +35,8 @@ def run_items(fn: Callable[..., Any], star: bool, items: list[Any]
     failures: list[tuple[int, bytes]] = []
     calls: Iterator[Any] = itertools.starmap(fn, items) if star else map(fn, items)
     recorder = _progress.recorder() if len(items) > 1 else None  # one item: nothing to save
-    if recorder is not None:
-        recorder.begin(_main.current_task_id())
+    if recorder is not None and not recorder.begin(_main.current_task_id()):
+        recorder = None
     while True:
         try:
             if recorder is None:

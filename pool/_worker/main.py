@@ -73,9 +73,13 @@ _reply_fd: int | None = None
 _current_task_id = 0
 
 
-# This worker's progress file, mapped by ``progress`` at the first chunk that records its
-# items (that module is imported only then: a worker that runs none does not pay for it).
+# This worker's progress file, taken by ``progress`` at the first chunk that records its
+# items (that module is imported only then: a worker that runs none does not pay for it):
+# the descriptor, whether it is memory (a memfd, mapped) or a file on disk, and the pid it
+# belongs to (a process forked from this worker inherits these, and must not use them).
 _progress_fd: int | None = None
+_progress_in_memory = False
+_progress_pid = 0
 
 
 def current_task_id() -> int:
@@ -217,12 +221,14 @@ class WorkerSetup:
                  crash_fd: InheritedFd | None, initializer: Initializer | None,
                  max_tasks: int | None, max_memory: int | None,
                  fds_to_close: tuple[int, ...], forked: bool = False,
-                 portable: bool = False, progress_fd: InheritedFd | None = None) -> None:
+                 portable: bool = False, progress_fd: InheritedFd | None = None,
+                 progress_in_memory: bool = False) -> None:
         self.task_fd = task_fd
         self.reply_fd = reply_fd
         self.lifeline_fd = lifeline_fd
         self.crash_fd = crash_fd
         self.progress_fd = progress_fd  # where a chunk records its items (_worker.progress)
+        self.progress_in_memory = progress_in_memory  # a memfd (else a file on disk)
         self.initializer = initializer
         self.max_tasks = max_tasks
         self.max_memory = max_memory  # bytes of resident memory, or None
@@ -262,8 +268,9 @@ def worker_main(setup: WorkerSetup) -> None:
         # parent sees the exit only once the stack is written.
         faulthandler.register(DUMP_SIGNAL, file=setup.crash_fd.fd, all_threads=True,
                               chain=True)
-    global _progress_fd
+    global _progress_fd, _progress_in_memory, _progress_pid
     _progress_fd = None if setup.progress_fd is None else setup.progress_fd.fd
+    _progress_in_memory, _progress_pid = setup.progress_in_memory, os.getpid()
     threading.Thread(target=_watch_parent, name="pool-worker-watchdog", daemon=True,
                      args=(setup.lifeline_fd.fd,)).start()
 

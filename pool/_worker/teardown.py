@@ -152,23 +152,24 @@ _COMMAND_TASK_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspat
 
 def make_crash_file() -> tuple[int | None, str]:
     """The worker's crash-report file (see ``make_private_file``)."""
-    return make_private_file("pool-crash-report", "pool-crash-")
+    fd, why, _ = make_private_file("pool-crash-report", "pool-crash-")
+    return fd, why
 
 
-def make_private_file(name: str, prefix: str) -> tuple[int | None, str]:
+def make_private_file(name: str, prefix: str) -> tuple[int | None, str, bool]:
     """An anonymous file shared by the parent and one worker (its crash report, its
     progress file), private to the pool's processes: nothing is left on disk however we
     die. A ``memfd`` where the system has them (``_platform.MEMFD``): no directory is
     involved, so a full or read-only temp directory does not matter. Else a temp file,
     mode 0600, unlinked at once.
 
-    Returns ``(fd, "")``, or ``(None, why)`` when no file can be made. The worker then runs
-    without one: its death is explained without its stack, or a chunk it was running
-    fails whole. Running out of descriptors
+    Returns ``(fd, "", in_memory)`` (``in_memory``: a memfd), or ``(None, why, False)``
+    when no file can be made. The worker then runs without one: its death is explained
+    without its stack, or a chunk it was running fails whole. Running out of descriptors
     raises instead: then no worker can start at all, and the dispatcher retries later."""
     if _platform.MEMFD:
         try:
-            return os.memfd_create(name), ""
+            return os.memfd_create(name), "", True
         except OSError as exc:
             if exc.errno in (errno.EMFILE, errno.ENFILE):
                 raise
@@ -179,9 +180,9 @@ def make_private_file(name: str, prefix: str) -> tuple[int | None, str]:
         if exc.errno in (errno.EMFILE, errno.ENFILE):
             raise
         return None, (f"the pool could not create a file for it in {tempfile.gettempdir()} "
-                      f"({type(exc).__name__}: {exc})")
+                      f"({type(exc).__name__}: {exc})"), False
     os.unlink(path)
-    return fd, ""
+    return fd, "", False
 
 
 def close_fds(*fds: int | None) -> None:
