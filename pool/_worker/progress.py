@@ -98,6 +98,16 @@ class Recorder:
         """The item after those recorded raised; ``encoded`` is its exception."""
         raise NotImplementedError
 
+    def _stop(self) -> None:
+        """Records nothing more of this chunk, and says so in the file."""
+        raise NotImplementedError
+
+    def _rest_unrecorded(self, calls: Iterator[Any], values: list[Any]) -> None:
+        """An item could not be recorded: the record stops, and the rest runs at C speed
+        (raising what a call raises, as ``run`` does)."""
+        self._stop()
+        values.extend(calls)
+
 
 class MappedRecorder(Recorder):
     def __init__(self, fd: int, mapped: mmap.mmap) -> None:
@@ -153,8 +163,7 @@ class MappedRecorder(Recorder):
         finally:
             self._done = done
         if unrecordable:  # (out of the except: a later item's error must not chain to it)
-            self._stop()
-            values.extend(calls)
+            self._rest_unrecorded(calls, values)
 
     def failure(self, encoded: bytes) -> None:
         if self._stopped:
@@ -218,8 +227,7 @@ class FileRecorder(Recorder):
         finally:
             self._done, self._end = done, end
         if unrecordable:
-            self._stop()
-            values.extend(calls)
+            self._rest_unrecorded(calls, values)
 
     def failure(self, encoded: bytes) -> None:
         if self._stopped:
