@@ -13,8 +13,8 @@ Guarantees:
   ``KeyboardInterrupt``, is logged and the next one runs;
 - a future's callbacks run in the order they were added, once;
 - callbacks queued when no thread could start, at interpreter exit, run in ``join()``;
-  work that a runner thread queues itself runs on that thread, after its current callback,
-  even once the runner is closed.
+  work that a runner thread queues itself once the runner is closed runs on that thread,
+  after its current callback.
 Assumes: a ``Future`` keeps its callbacks in ``_done_callbacks``, as the stdlib's does
 from 3.2 to 3.14, and a future is done, its list complete, when it is handed here.
 """
@@ -86,18 +86,20 @@ class CallbackRunner:
         self._backlog = 0   # futures queued and not yet taken by a thread
         self._warned = False
         self._running_since: dict[int, float] = {}   # thread ident -> its callback's start
-        # On each of the runner's threads: what it queued itself while running a callback
-        # (a pool.Pool chunk that ended there hands on its result's callback). That runs
-        # on the same thread once its callback returns: never lost behind close()'s
-        # markers, and no thread started for it.
+        # On each of the runner's threads: what it queued itself once the runner was
+        # closed (a pool.Pool chunk that ended there hands on its result's callback). That
+        # runs on the same thread once its callback returns: never lost behind close()'s
+        # markers. While the runner is open, such work goes to the queue like any other,
+        # where another thread can take it (the callback may be waiting for it).
         self._own = threading.local()
+        self._closed = False
 
     def put(self, future: Future[Any] | _Call) -> None:
         own: list[Future[Any] | _Call] | None = getattr(self._own, "queued", None)
-        if own is not None:  # one of our threads: it runs this next
-            own.append(future)
-            return
         with self._lock:
+            if own is not None and self._closed:  # one of our threads, after close()
+                own.append(future)
+                return
             self._queue.put(future)
             self._backlog += 1
             if self._backlog <= self._idle:
@@ -153,6 +155,7 @@ class CallbackRunner:
     def close(self) -> None:
         """Lets the threads run the callbacks already queued, then exit. Not joined here."""
         with self._lock:
+            self._closed = True
             for _ in self._threads:
                 self._queue.put(None)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 from concurrent.futures import CancelledError
 from typing import Any, Callable
 
-from ._errors import TaskInfo, copy_error
+from ._errors import TaskInfo, TaskTimeout, copy_error
 from ._futures import PoolFuture
 from ._worker.progress import ITEM_PROGRESS, ItemProgress
 
@@ -100,8 +100,14 @@ class ChunkRun:
         """The task's worker died (or it timed out) with some of its items recorded: keep
         them, fail the one it was running, run the rest (on a callback thread)."""
         try:
+            sent = len(self._items) - len(self._values)  # the items the task ran
             progress: ItemProgress = getattr(error, ITEM_PROGRESS)
             delattr(error, ITEM_PROGRESS)
+            if isinstance(error, TaskTimeout):
+                # Its timeout is the task's, not the item's: say so beside the item's name.
+                error.add_note(f"(it ran in a task of {sent} items of one chunk, whose "
+                               f"time limit is task_timeout for each item, "
+                               f"{error.timeout:g} s in all)")
             try:
                 recorded = progress.outcomes()
             except BaseException:  # a value that does not unpickle here: none is known

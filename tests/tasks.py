@@ -648,7 +648,8 @@ def gated_square(gate, x):
 
 def counted_then(directory, effects, x):
     """Add a byte to ``directory/x`` (how many times x ran), then do what ``effects`` says
-    for x: "sigkill", "segfault", "exit", "sleep" (60 s), "raise", "local" (return a value
+    for x: "sigkill", "segfault", "exit" (code 7), "exit0", "sleep" (60 s), "raise",
+    "local" (return a value
     only cloudpickle can send), "dies-sending" (a value that kills its worker when the
     reply is pickled); else return x * x."""
     with open(os.path.join(directory, str(x)), "a") as marks:
@@ -660,6 +661,8 @@ def counted_then(directory, effects, x):
         segfault()
     elif effect == "exit":
         exit_hard(7)
+    elif effect == "exit0":
+        exit_hard(0)
     elif effect == "sleep":
         time.sleep(60)
     elif effect == "raise":

@@ -322,6 +322,22 @@ def test_callbacks_never_run_on_the_callers_thread(ctx):
     assert threading.get_ident() not in {ident for _, ident in seen}
 
 
+def test_a_callback_may_wait_for_a_result_it_asked_for(ctx):
+    # (A review found it: work a callback thread queued ran only after that callback
+    # returned, so a callback waiting for a result it had just asked for waited on itself.)
+    inner = []
+
+    def callback(_):
+        result = p.apply_async(tasks.identity, (threading.Lock(),),
+                               error_callback=lambda error: None)
+        result.wait(10)
+        inner.append(result.ready())
+
+    with pool.Pool(1, context=ctx) as p:
+        p.apply_async(tasks.square, (2,), callback=callback).wait(30)
+    assert inner == [True]
+
+
 def test_a_second_consumer_of_one_iterator_is_given_its_timeout(ctx, tmp_path):
     gate = str(tmp_path / "gate")
     with pool.Pool(1, context=ctx) as p:

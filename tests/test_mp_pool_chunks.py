@@ -106,6 +106,17 @@ with pool.Pool(1, context=CTX) as p:
     values = p.map(run, range(4), chunksize=4)
     facts["after the last"] = [getattr(v, "x", v) for v in values]
     facts["after the last runs"] = tasks.runs_of(marks)
+    # A worker that exits with status 0 in the middle of a chunk: its record still counts.
+    marks = tempfile.mkdtemp()
+    got = []
+    iterator = p.imap(functools.partial(tasks.counted_then, marks, {1: "exit0"}), range(4),
+                      chunksize=4)
+    for _ in range(4):
+        try:
+            got.append(next(iterator))
+        except pool.WorkerDied:
+            got.append("died")
+    facts["exit 0"], facts["exit 0 runs"] = got, tasks.runs_of(marks)
 # A death after close(): the rest of the chunk still runs, and join() waits for it.
 p = pool.Pool(2, context=CTX)
 marks = tempfile.mkdtemp()
@@ -130,6 +141,8 @@ def test_items_whose_outcome_is_unknown_fail_and_never_run_twice(method, tmp_pat
     assert facts["stopped runs"] == {"0": 1, "1": 1, "2": 1, "3": 1}
     assert facts["after the last"] == [0, 1, 4, 3]
     assert facts["after the last runs"] == {str(x): 1 for x in range(4)}
+    assert facts["exit 0"] == [0, "died", 4, 9]
+    assert facts["exit 0 runs"] == {str(x): 1 for x in range(4)}
     assert facts["after close"] == "died"
     assert facts["after close runs"] == {str(x): 1 for x in range(8)}
 

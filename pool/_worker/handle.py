@@ -436,9 +436,8 @@ class WorkerHandle:
         self.outbox, self._outbox_bytes = [], 0
         crash_report = (_teardown.read_crash_report(self.crash_fd) if self.crash_fd is not None
                         else f"none: {self._no_crash_file}")
-        # The records only for a worker that died or was killed: a chunk it ran may be
-        # failing (a worker that exited by itself, retired or idle, finished its tasks).
-        progress = _progress.read(self.progress_fd, with_records=exitcode != 0)
+        # Read whatever the exit: even os._exit(0) in the middle of a chunk fails it.
+        progress = _progress.read(self.progress_fd)
         self.close_task_pipe()
         _teardown.close_fds(self.reader.fd, self.crash_fd, self.progress_fd)
         return Exit(self.pid, exitcode, crash_report, unread, group_left, self.start_error,

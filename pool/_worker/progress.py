@@ -1,6 +1,5 @@
 """A worker's record of the items of a chunk it has finished, kept where its death cannot
-take it: a file shared with the parent, whose records the parent reads only when the
-worker died or was killed.
+take it: a file shared with the parent, which reads it when the worker has ended.
 
 Owns: the format of the progress file, its worker-side writers (``MappedRecorder`` for a
 memfd, ``FileRecorder`` for a file on disk) and its parent-side reader (``read``,
@@ -236,7 +235,8 @@ class FileRecorder(Recorder):
             record = pickle.dumps(ItemFailed(encoded), pickle.HIGHEST_PROTOCOL)
             if self._end + len(record) > CAPACITY:
                 raise OSError("no room")
-            os.pwrite(self.fd, record, self._end)
+            if os.pwrite(self.fd, record, self._end) != len(record):
+                raise OSError("a short write")
             self._end += len(record)
             self._done += 1
             os.pwrite(self.fd, _COUNT_AND_END.pack(self._done, self._end), 16)
@@ -308,9 +308,8 @@ class ItemProgress(NamedTuple):
         return found
 
 
-def read(fd: int | None, with_records: bool = True) -> ItemProgress | None:
-    """What the worker recorded in its progress file, or None if it recorded nothing;
-    without its records (empty) unless ``with_records``."""
+def read(fd: int | None) -> ItemProgress | None:
+    """What the worker recorded in its progress file, or None if it recorded nothing."""
     if fd is None:
         return None
     try:
@@ -320,8 +319,7 @@ def read(fd: int | None, with_records: bool = True) -> ItemProgress | None:
         task_id, stopped, count, end = HEADER.unpack(header)
         if task_id == 0 or not HEADER_BYTES <= end <= CAPACITY:
             return None
-        records = (os.pread(fd, end - HEADER_BYTES, HEADER_BYTES) if count and with_records
-                   else b"")
+        records = os.pread(fd, end - HEADER_BYTES, HEADER_BYTES) if count else b""
     except OSError:
         return None
     return ItemProgress(task_id, count, bool(stopped), records)
