@@ -11,6 +11,7 @@ over the same inputs does not sleep or fail again).
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import os
 import signal
@@ -44,9 +45,17 @@ def _record(text: str) -> None:
 
 def _touch(name: str, content: str = "") -> None:
     path = _path(name)
-    with open(path + ".tmp", "w") as f:
+    # A temporary name of its own for each call: ``stubborn``'s SIGTERM handler calls this,
+    # and the pool's teardown signals a worker and its group, two SIGTERMs, whose handlers
+    # can nest; with one shared name the outer call's replace found its file gone (seen
+    # once in CI as a FileNotFoundError traceback).
+    temporary = f"{path}.{os.getpid()}.{next(_touches)}.tmp"
+    with open(temporary, "w") as f:
         f.write(content)
-    os.replace(path + ".tmp", path)   # appears whole: a reader never sees it half written
+    os.replace(temporary, path)   # appears whole: a reader never sees it half written
+
+
+_touches = itertools.count()
 
 
 def _wait_for(name: str) -> None:
