@@ -301,7 +301,10 @@ class Pool:
         try:
             chunks = _chunked(iter(iterable), chunksize)
             while True:
-                while in_pool >= window:  # until a chunk in the pool ends
+                # Until the pool has room for a whole group (a list's chunks are read and
+                # submitted in groups: one command and one wake-up of the loop for each
+                # group, not for each chunk), or for one chunk of an input read as it comes.
+                while window - in_pool < group_size:
                     if self._state == TERMINATE:
                         result._failed_at(start, _terminated())
                         return
