@@ -118,9 +118,9 @@ def encoded_submitter(fn: Callable[..., Any], runner: Callable[..., Any],
                     submit_encoded()  # in order: those before it go first
                     futures.append(failed_future(exc))
                     continue
-                if scale is not None and scale(args) != encoded_scale:
+                if scale is not None and (this_scale := scale(args)) != encoded_scale:
                     submit_encoded()  # one scale per submission
-                    encoded_scale = scale(args)
+                    encoded_scale = this_scale
                 encoded.append((fn, args if described is None else described(args), {}, body))
                 encoded_bytes += sum(map(len, body))
                 if encoded_bytes >= GROUP_BYTES:

@@ -40,6 +40,12 @@ Failure = tuple[int, "bytes | BaseException"]
 Submit = Callable[[list[tuple[Any, ...]]], list[PoolFuture[Any]]]
 
 
+def terminated() -> CancelledError:
+    """What an item fails with that a terminated pool never sent (an imap's feeder, the
+    rest of a chunk)."""
+    return CancelledError("the pool was terminated before this item was sent")
+
+
 class ChunkRun:
     """One chunk of ``items``, from its first task to its end."""
 
@@ -134,33 +140,30 @@ class ChunkRun:
             finally:
                 self._end(result=(self._values, self._failures))
 
-    def _naming(self, error: BaseException, item: Any) -> BaseException:
-        """``error`` (a WorkerDied or TaskTimeout of the chunk's task), naming the item
+    def _naming(self, error: BaseException, item: Any) -> None:
+        """Makes ``error`` (a WorkerDied or TaskTimeout of the chunk's task) name the item
         that was running rather than the chunk: ``work(13)``, not ``work([12, 13, ...])``."""
         task = getattr(error, "task", None)
         if isinstance(task, TaskInfo):
             try:
                 arguments = self._arguments_of(item)
             except Exception:  # (a starmap item that is not a sequence: as it was sent)
-                return error
+                return
             named = TaskInfo(task.task_id, task.fn, arguments, {})
             error.task = named  # type: ignore[attr-defined]
             error.args = tuple(named if arg is task else arg for arg in error.args)
-        return error
 
     def _submit_rest(self, rest: list[Any]) -> bool:
         """Submits the items after the one that failed; False if the pool will not run
         them (then they fail, and the chunk ends)."""
         start = len(self._values)
         if not self._may_resubmit():
-            self._fail_from(start, CancelledError("the pool was terminated before this "
-                                                  "item was sent"))
+            self._fail_from(start, terminated())
             return False
         try:
             (task,) = self._submit([(rest,)])
         except BaseException as exc:  # terminated meanwhile, or broken
-            self._fail_from(start, exc if self._may_resubmit() else CancelledError(
-                "the pool was terminated before this item was sent"))
+            self._fail_from(start, exc if self._may_resubmit() else terminated())
             return False
         self.follow(task)
         return True

@@ -31,7 +31,6 @@ import multiprocessing
 import queue
 import threading
 import warnings
-from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sized, TypeVar
 
 from ._errors import copy_error
@@ -39,7 +38,7 @@ from ._futures import PoolFuture
 from ._latch import SIGNAL_CHECK_SECONDS, Latch
 from ._locks import InterruptSafeLock
 from ._mp_results import AsyncResult, IMapIterator, MapResult
-from ._mp_chunks import ChunkRun
+from ._mp_chunks import ChunkRun, terminated
 from ._worker.items import run_items
 
 if TYPE_CHECKING:
@@ -306,7 +305,7 @@ class Pool:
                 # group, not for each chunk), or for one chunk of an input read as it comes.
                 while window - in_pool < group_size:
                     if self._state == TERMINATE:
-                        result._failed_at(start, _terminated())
+                        result._failed_at(start, terminated())
                         return
                     try:
                         finished.get(timeout=SIGNAL_CHECK_SECONDS)
@@ -330,7 +329,7 @@ class Pool:
                     try:
                         futures = self._submit_chunks(submit_group, group, False)
                     except BaseException as exc:  # terminated or broken under us
-                        result._failed_at(start, _terminated() if self._state == TERMINATE
+                        result._failed_at(start, terminated() if self._state == TERMINATE
                                           else copy_error(exc))
                         return
                     for chunk, future in zip(group, futures):
@@ -415,10 +414,6 @@ class Pool:
         done.set()
         if last:
             self._shut_down()
-
-
-def _terminated() -> BaseException:
-    return CancelledError("the pool was terminated before this item was sent")
 
 
 def _chunked(items: Iterator[Any], size: int) -> Iterator[list[Any]]:

@@ -674,6 +674,19 @@ def counted_then(directory, effects, x):
     return x * x
 
 
+def items_or_died(iterator, count):
+    """The next ``count`` items of a pool.Pool imap, "died" for each that raised
+    WorkerDied (the iteration goes on after it)."""
+    import pool
+    got = []
+    for _ in range(count):
+        try:
+            got.append(next(iterator))
+        except pool.WorkerDied:
+            got.append("died")
+    return got
+
+
 def runs_of(directory):
     """How many times each item of ``counted_then`` ran."""
     return {int(name): len(open(os.path.join(directory, name)).read())

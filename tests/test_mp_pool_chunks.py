@@ -92,13 +92,7 @@ with pool.Pool(1, context=CTX) as p:
     # item from 1 on fails, and none runs again.
     marks = tempfile.mkdtemp()
     run = functools.partial(tasks.counted_then, marks, {1: "local", 3: "sigkill"})
-    got = []
-    iterator = p.imap(run, range(6), chunksize=6)
-    for _ in range(6):
-        try:
-            got.append(next(iterator))
-        except pool.WorkerDied:
-            got.append("died")
+    got = tasks.items_or_died(p.imap(run, range(6), chunksize=6), 6)
     facts["stopped"], facts["stopped runs"] = got, tasks.runs_of(marks)
     # The worker dies sending the reply, after its last item: every item is delivered.
     marks = tempfile.mkdtemp()
@@ -108,15 +102,10 @@ with pool.Pool(1, context=CTX) as p:
     facts["after the last runs"] = tasks.runs_of(marks)
     # A worker that exits with status 0 in the middle of a chunk: its record still counts.
     marks = tempfile.mkdtemp()
-    got = []
     iterator = p.imap(functools.partial(tasks.counted_then, marks, {1: "exit0"}), range(4),
                       chunksize=4)
-    for _ in range(4):
-        try:
-            got.append(next(iterator))
-        except pool.WorkerDied:
-            got.append("died")
-    facts["exit 0"], facts["exit 0 runs"] = got, tasks.runs_of(marks)
+    facts["exit 0"] = tasks.items_or_died(iterator, 4)
+    facts["exit 0 runs"] = tasks.runs_of(marks)
 # A death after close(): the rest of the chunk still runs, and join() waits for it.
 p = pool.Pool(2, context=CTX)
 marks = tempfile.mkdtemp()
@@ -188,14 +177,9 @@ def test_terminate_while_the_rest_of_a_chunk_runs_ends_at_once(method, tmp_path)
 NESTED = '''
 import functools, tempfile
 marks = tempfile.mkdtemp()
-got = []
 with pool.Pool(1, context=CTX) as p:
     iterator = p.imap(functools.partial(tasks.nested_pool_then, marks), range(4), chunksize=4)
-    for _ in range(4):
-        try:
-            got.append(next(iterator))
-        except pool.WorkerDied:
-            got.append("died")
+    got = tasks.items_or_died(iterator, 4)
 report(got=got, runs=tasks.runs_of(marks))
 '''
 
