@@ -159,6 +159,32 @@ class PoolPoolAdapter(MultiprocessingPoolAdapter):
 BASELINE_OF = {"pool.Pool": "mp.Pool"}
 
 
+class JoblibAdapter(Adapter):
+    """``joblib.Parallel`` on its default backend (loky, with its memory-mapped arrays:
+    an argument above ``max_nbytes`` is dumped to a file in shared memory and mapped by the
+    worker, and a result that views one comes back as a mapping of that file). Measured
+    for the array row only: its start and its other rows are loky's own, already there."""
+    name = "joblib"
+    rows = {"64 MiB numpy array there and back, MB/s"}
+
+    def start(self) -> Any:
+        import joblib  # type: ignore[import-not-found]
+        parallel = joblib.Parallel(n_jobs=self.workers)
+        parallel.__enter__()  # its workers are kept between calls, as a pool's
+        return parallel
+
+    def call(self, p: Any, fn: Callable[..., Any], x: Any, timeout: float | None = None) -> Any:
+        import joblib
+        return p([joblib.delayed(fn)(x)])[0]
+
+    def worker_pids(self, p: Any) -> set[int]:
+        import joblib
+        return set(p(joblib.delayed(worker_pid)(x) for x in range(self.workers * 20)))
+
+    def stop(self, p: Any) -> None:
+        p.__exit__(None, None, None)
+
+
 def available_adapters() -> list[type[Adapter]]:
     adapters: list[type[Adapter]] = [PoolAdapter, StdlibAdapter, MultiprocessingPoolAdapter,
                                      PoolPoolAdapter]
@@ -171,6 +197,11 @@ def available_adapters() -> list[type[Adapter]]:
             def start(self) -> Any:
                 return loky.ProcessPoolExecutor(self.workers)
         adapters.append(LokyAdapter)
+    except ImportError:
+        pass
+    try:
+        import joblib  # noqa: F401
+        adapters.append(JoblibAdapter)
     except ImportError:
         pass
     return adapters
@@ -432,11 +463,12 @@ def main() -> None:
         for adapter in order:
             p = adapter.start()
             adapter.worker_pids(p)  # every worker up before timing
-            for workload in WORKLOADS:
+            rows = getattr(adapter, "rows", None)  # None: every row
+            for workload in WORKLOADS + [lambda a, p, n: w_cpu(a, p, n, work, single)]:
+                if rows is not None and workload is not w_array:
+                    continue
                 for metric, value in workload(adapter, p, args.tasks).items():
                     results[adapter.name].setdefault(metric, []).append(value)
-            for metric, value in w_cpu(adapter, p, args.tasks, work, single).items():
-                results[adapter.name].setdefault(metric, []).append(value)
             adapter.stop(p)
     report("Throughput and latency (rates: higher is better; us: lower is better)",
            results, names)
@@ -445,6 +477,8 @@ def main() -> None:
     crashes: dict[str, list[str]] = {n: [] for n in names}
     for round_number in range(args.rounds):
         for adapter in adapters:
+            if getattr(adapter, "rows", None) is not None:
+                continue  # measured for some rows only
             entry = times[adapter.name]
             entry.setdefault("start -> first result, ms", []).append(
                 start_to_first_result(adapter) * 1000)
@@ -457,7 +491,8 @@ def main() -> None:
             else:
                 crashes[adapter.name].append(crash)
             entry.setdefault("idle, % of a core", []).append(idle_cpu(adapter))
-    report("Life cycle (lower is better)", times, names)
+    report("Life cycle (lower is better)", times,
+           [a.name for a in adapters if getattr(a, "rows", None) is None])
     for name, outcomes in crashes.items():
         for what in sorted(set(outcomes)):
             print(f"  after a worker's SIGKILL, {name} {what} in {outcomes.count(what)} of "

@@ -42,6 +42,9 @@ The mechanisms, who uses them, and what runs without them:
     each task pipe and asks that one.
 ``MEMFD`` (Linux, FreeBSD 13+): ``memfd_create`` for a worker's crash-report file
     (``_worker.teardown``). Without: a temp file, mode 0600, unlinked at once.
+``SHARED_MEMORY`` (Linux): large payloads of a call or a result travel through shared
+    memory (``_wire.segments``): ``memfd_create``, and ``/proc/PID/fd`` to open another
+    process's segment. Without: through the pipe, as every other byte.
 ``CPU_AFFINITY`` (Linux): ``sched_getaffinity`` for the default worker count on Python
     3.11-3.12 (``_options``; 3.13+ asks ``os.process_cpu_count``). Without:
     ``os.cpu_count()``.
@@ -68,6 +71,7 @@ PIPE_RESIZE: bool
 PROC: bool
 UNREAD_ON_WRITE_END: bool
 MEMFD: bool
+SHARED_MEMORY: bool
 CPU_AFFINITY: bool
 POLL_READER_GONE: bool
 
@@ -82,6 +86,8 @@ def _offered(portable: bool) -> dict[str, bool]:
         "PROC": linux and os.path.isdir("/proc/self/fd"),
         "UNREAD_ON_WRITE_END": linux,
         "MEMFD": not portable and hasattr(os, "memfd_create"),
+        "SHARED_MEMORY": (linux and hasattr(os, "memfd_create")
+                          and os.path.isdir("/proc/self/fd")),
         "CPU_AFFINITY": linux and hasattr(os, "sched_getaffinity"),
         "POLL_READER_GONE": linux,
     }
@@ -90,12 +96,13 @@ def _offered(portable: bool) -> dict[str, bool]:
 def adopt(portable: bool) -> None:
     """Take the parent's choice (in a worker, as it starts)."""
     global PORTABLE, PACKET_PIPES, PIPE_RESIZE, PROC, UNREAD_ON_WRITE_END, MEMFD
-    global CPU_AFFINITY, POLL_READER_GONE
+    global CPU_AFFINITY, POLL_READER_GONE, SHARED_MEMORY
     flags = _offered(portable)
     PORTABLE = portable
     PACKET_PIPES, PIPE_RESIZE = flags["PACKET_PIPES"], flags["PIPE_RESIZE"]
     PROC, UNREAD_ON_WRITE_END = flags["PROC"], flags["UNREAD_ON_WRITE_END"]
     MEMFD, CPU_AFFINITY = flags["MEMFD"], flags["CPU_AFFINITY"]
+    SHARED_MEMORY = flags["SHARED_MEMORY"]
     POLL_READER_GONE = flags["POLL_READER_GONE"]
 
 

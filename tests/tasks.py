@@ -600,7 +600,7 @@ def platform_facts(_=None):
     """What a worker's ``pool._platform`` says, and what it opened under /proc."""
     from pool import _platform
     flags = ("PORTABLE", "PACKET_PIPES", "PIPE_RESIZE", "PROC", "UNREAD_ON_WRITE_END",
-             "MEMFD", "CPU_AFFINITY", "POLL_READER_GONE")
+             "MEMFD", "SHARED_MEMORY", "CPU_AFFINITY", "POLL_READER_GONE")
     return {"pid": os.getpid(), "flags": {name: getattr(_platform, name) for name in flags},
             "proc_opens": proc_opens()}
 
@@ -725,3 +725,81 @@ def start_then_sleep(directory, x):
     """Say that x started (``directory/started-x``), then sleep a minute."""
     open(os.path.join(directory, f"started-{x}"), "w").close()
     time.sleep(60)
+
+
+# --- large payloads (tests/test_segments.py) ---------------------------------------------
+
+class Blob:
+    """A buffer that pickles as protocol 5 out-of-band data, as a numpy array does: it
+    arrives as a view of what the unpickler was given, without a copy."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def __reduce_ex__(self, protocol):
+        if protocol >= 5:
+            return Blob, (pickle.PickleBuffer(self.data),)
+        return Blob, (bytes(self.data),)
+
+
+def make_text(size):
+    return "x" * size
+
+
+def blob(size, fill=1):
+    return Blob(bytearray([fill]) * size)
+
+
+def blob_facts(b):
+    """What a Blob arrived as: the type of the object behind its memory, its size, and
+    a checksum."""
+    view = memoryview(b.data)
+    return type(view.obj).__name__, view.nbytes, checksum(view)
+
+
+def checksum(data):
+    import zlib
+    return zlib.crc32(data)
+
+
+def payload_facts(value):
+    """The type and checksum of a bytes or bytearray argument."""
+    return type(value).__name__, len(value), checksum(value)
+
+
+_kept = []
+
+
+def keep_blob(b):
+    """Keep the argument's view in a global: its segment must never be written again."""
+    _kept.append(b)
+    return checksum(memoryview(b.data))
+
+
+def kept_checksums():
+    return [checksum(memoryview(b.data)) for b in _kept]
+
+
+def blob_then_die(size):
+    """Send a large result (through the worker's loan, if it has one), then die."""
+    from pool._wire import frames as _frames, pickling as _pickling
+    from pool._worker import main as _worker
+    kind, body = _pickling.encode_result(blob(size, 7))
+    _frames.write_frame(_worker._reply_fd, kind, _worker._current_task_id, body)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def die_holding(b):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def write_bad_segment_result():
+    """A RESULT frame that says its payloads are in a segment, with an envelope that
+    points past the segment's end."""
+    import struct
+    from pool._wire import frames as _frames, segments as _segments
+    from pool._worker import main as _worker
+    envelope = struct.pack("!IIQQI", 0, 99999, 1, 1, 1) + struct.pack("!QQB", 1 << 40, 64, 0)
+    _frames.write_frame(_worker._reply_fd, _frames.Kind.RESULT, _worker._current_task_id,
+                        _segments.MARKER + envelope + pickle.dumps(None))
+    time.sleep(30)

@@ -322,10 +322,10 @@ def test_only_the_command_line_imports_the_command_line():
 
 
 # What a worker process may import of pool's: its own side, the wire, the errors it sends,
-# the process's life, the stdlib's private names, what the platform offers, and the shake's
-# delay points.
+# the process's life, the stdlib's private names, what the platform offers, the shake's
+# delay points, and the lock that guards the wire's segment cache.
 WORKER_SIDE = ("pool._worker", "pool._wire", "pool._errors", "pool._exit", "pool._compat",
-               "pool._platform", "pool._shake")
+               "pool._platform", "pool._shake", "pool._locks")
 
 
 def test_a_worker_imports_only_the_worker_side():

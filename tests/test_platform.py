@@ -25,7 +25,7 @@ import fcntl
 from pool import _platform
 facts = {"parent_flags": {name: getattr(_platform, name) for name in (
     "PORTABLE", "PACKET_PIPES", "PIPE_RESIZE", "PROC", "UNREAD_ON_WRITE_END", "MEMFD",
-    "CPU_AFFINITY", "POLL_READER_GONE")}}
+    "SHARED_MEMORY", "CPU_AFFINITY", "POLL_READER_GONE")}}
 # From now on the environment says nothing: a worker (and the forkserver, started below)
 # must take the parent's choice, not read its own.
 os.environ.pop("POOL_PORTABLE", None)
@@ -41,12 +41,18 @@ with pool.ProcessPool(1, mp_context=CTX, initializer=tasks.watch_proc_opens,
     facts["second_reader"] = handle.reclaim_fd is not None
     facts["count_fd"] = handle.count_fd is not None
 
-    # 64 MiB each way. Each pipe is checked right after: a grown pipe shrinks back only
-    # before the next small frame through it.
+    # 64 MiB each way: bytes go through shared memory where there is (and the pipes are
+    # left alone), text through the pipes. Each pipe is checked right after: a grown pipe
+    # shrinks back only before the next small frame through it.
     assert p.submit(tasks.byte_sum, bytes(64 * MiB)).result(120) == (64 * MiB, 0)
-    (handle,) = p._dispatcher._loop._workers.values()
-    facts["task_pipe_size"] = fcntl.fcntl(handle.task_fd, F_GETPIPE_SZ)
     assert len(p.submit(tasks.make_bytes, 64 * MiB).result(120)) == 64 * MiB
+    (handle,) = p._dispatcher._loop._workers.values()
+    facts["bytes_pipe_sizes"] = [fcntl.fcntl(handle.task_fd, F_GETPIPE_SZ),
+                                 fcntl.fcntl(handle.reader.fd, F_GETPIPE_SZ)]
+    facts["desk"] = handle.desk is not None
+    assert p.submit(len, "x" * (64 * MiB)).result(120) == 64 * MiB
+    facts["task_pipe_size"] = fcntl.fcntl(handle.task_fd, F_GETPIPE_SZ)
+    assert len(p.submit(tasks.make_text, 64 * MiB).result(120)) == 64 * MiB
     facts["reply_pipe_size"] = fcntl.fcntl(handle.reader.fd, F_GETPIPE_SZ)
     facts["worker"] = p.submit(tasks.platform_facts).result(60)
     facts["rss"] = p.stats().workers[0].rss
@@ -96,8 +102,8 @@ def test_portable_mode_takes_the_posix_path_everywhere_and_works(method, tmp_pat
     facts = run(method, tmp_path, portable=True)
     assert facts["parent_flags"] == {"PORTABLE": True, **dict.fromkeys(
         ("PACKET_PIPES", "PIPE_RESIZE", "PROC", "UNREAD_ON_WRITE_END", "MEMFD",
-         "CPU_AFFINITY", "POLL_READER_GONE"), False)}
-    assert not facts["packet_mode"] and not facts["second_reader"]
+         "SHARED_MEMORY", "CPU_AFFINITY", "POLL_READER_GONE"), False)}
+    assert not facts["packet_mode"] and not facts["second_reader"] and not facts["desk"]
     assert facts["count_fd"]  # what is unread is asked of a read end, as on macOS
     assert facts["task_pipe_size"] == facts["reply_pipe_size"] == 64 << 10  # untouched
     assert facts["parent_proc_opens"] == [] and facts["worker"]["proc_opens"] == []
@@ -114,6 +120,9 @@ def test_without_the_switch_linux_takes_its_own_path(method, tmp_path):
     assert not facts["parent_flags"]["PORTABLE"] and facts["parent_flags"]["PROC"]
     assert facts["packet_mode"] and facts["second_reader"] and not facts["count_fd"]
     assert facts["task_pipe_size"] == facts["reply_pipe_size"] == 1 << 20  # grown
+    assert facts["desk"] and facts["bytes_pipe_sizes"] == [64 << 10] * 2  # shared memory
+    assert any(path.startswith("/proc/") and "/fd/" in path
+               for path in facts["worker"]["proc_opens"])  # the parent's segments
     assert any(path.startswith("/proc/self/fd/") for path in facts["parent_proc_opens"])
     assert "/proc/self/statm" in facts["worker"]["proc_opens"]  # max_memory_per_child
     assert facts["rss"] is not None and facts["rss"] > 1 << 20

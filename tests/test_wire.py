@@ -107,7 +107,8 @@ def test_blocking_frame_stream_round_trip(pipe):
     stream = _frames.FrameStream(read_end)
     frame = stream.next()
     assert frame.kind is Kind.CALL and frame.task_id == 3
-    fn_blob, args_blob = _pickling.decode_call(frame.body)
+    fn_blob, args_blob, envelope = _pickling.decode_call(frame.body)
+    assert envelope is None
     assert (bytes(fn_blob), bytes(args_blob)) == (b"fn", b"args")
     os.close(write_end)
     assert stream.next() is None
@@ -221,7 +222,10 @@ def test_the_stream_refuses_a_truncated_header():
         os.close(read_fd)
 
 
-def test_a_large_bytes_argument_is_pickled_without_a_copy_and_a_bytearray_as_it_was():
+def test_a_large_bytes_argument_is_pickled_without_a_copy_and_a_bytearray_as_it_was(
+        monkeypatch):
+    # Through the pipe (tests/test_segments.py has the shared-memory side).
+    monkeypatch.setattr(_platform, "SHARED_MEMORY", False)
     big = os.urandom(1 << 20)
     assert any(part is big for part in _pickling.dumps_arguments(len, (big,), {}))
     mutable = bytearray(1 << 20)
@@ -242,7 +246,8 @@ def test_a_large_result_is_written_from_the_object_itself():
     assert bytes(pickle.loads(b"".join(parts))) == bytes(wide.raw())
 
 
-def test_a_large_call_is_unpickled_from_the_pipe_and_the_next_frame_follows_it():
+def test_a_large_call_is_unpickled_from_the_pipe_and_the_next_frame_follows_it(monkeypatch):
+    monkeypatch.setattr(_platform, "SHARED_MEMORY", False)  # all of it through the pipe
     read_fd, write_fd = os.pipe()
     big = os.urandom(3 << 20)
     calls = [_pickling.encode_call(_pickling.dumps_callable(len), _pickling.dumps_arguments(len, a, {}))
@@ -254,7 +259,7 @@ def test_a_large_call_is_unpickled_from_the_pipe_and_the_next_frame_follows_it()
         stream = _frames.FrameStream(read_fd)
         loaded = []
         for _ in calls:
-            fn_blob, source = _pickling.decode_call(stream.next().body)
+            fn_blob, source, _ = _pickling.decode_call(stream.next().body)
             loaded.append((pickle.loads(fn_blob), _pickling.load_arguments(source)))
         assert loaded == [(len, ((big,), {})), (len, (("small",), {}))]
     finally:

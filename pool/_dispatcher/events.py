@@ -74,7 +74,7 @@ def worker_events(worker: WorkerHandle, decoded_errors: list[BaseException]
         kind = frame.kind
         if kind is Kind.RESULT or kind is Kind.RAISED:
             try:
-                outcome = decode_outcome(frame)
+                outcome = decode_outcome(frame, worker.desk)
             except MalformedFrame as exc:
                 if replies:  # the replies before it count
                     yield Replied(replies)

@@ -67,7 +67,7 @@ from .._core.machine import StateMachine
 from .._core.states import Timeouts
 from .._errors import PoolInternalError
 from .._callbacks import CallbackRunner, install_on_dispatcher_thread
-from .._wire import limits
+from .._wire import limits, segments
 from .._wire.exceptions import release_frames
 from .._worker.handle import WorkerHandle
 from .._worker.main import Initializer
@@ -131,6 +131,8 @@ class Loop:
 
     def run(self) -> None:
         install_on_dispatcher_thread(self._callbacks)
+        cache = segments.cache  # (a forked child gets a cache of its own)
+        cache.dispatcher_started()
         try:
             while not (self._machine.closed and not self._reaper.watching):
                 self._turn()
@@ -138,7 +140,10 @@ class Loop:
             self._fail_everything(exc)
         finally:
             try:
-                self._release()
+                try:
+                    self._release()
+                finally:
+                    cache.dispatcher_ended()
             finally:  # even if releasing failed, nobody may wait for this loop forever
                 if _shake.on:
                     _shake.pause("loop.before_end")
@@ -154,6 +159,10 @@ class Loop:
         deadline = self._machine.next_deadline()
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         timeout = self._reaper.wait_timeout(timeout)
+        if segments.cache.count:  # idle shared memory goes back to the system in time
+            if (trim_at := segments.cache.trim()) is not None:
+                wait_trim = max(0.0, trim_at - time.monotonic())
+                timeout = wait_trim if timeout is None else min(timeout, wait_trim)
         ready: set[int] = set(wait(self._watched(), timeout))  # type: ignore[arg-type]
         if _shake.on:
             _shake.pause("loop.after_wait")

@@ -160,9 +160,9 @@ def _limit_hint(exc: BaseException) -> str:
 
 
 # What each worker holds open in the parent: its task pipe, a second reader of it, its
-# reply pipe, its crash report, its progress file, its sentinel, and a spare for a large
-# frame's writer.
-PARENT_DESCRIPTORS_PER_WORKER = 7
+# reply pipe, its crash report, its progress file, its sentinel, its loan desk and the
+# segment lent to it (_wire.segments), and a spare for a large frame's writer.
+PARENT_DESCRIPTORS_PER_WORKER = 9
 
 
 def warn_if_descriptors_short(pool_name: str, max_workers: int) -> None:

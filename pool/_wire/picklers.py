@@ -20,6 +20,7 @@ import threading
 from typing import Any
 
 from .frames import Buffers
+from .segments import SHARED_ABOVE, LargePayload
 
 PROTOCOL = 5
 
@@ -84,6 +85,26 @@ class Borrow(list):  # type: ignore[type-arg]
             view = memoryview(data)
             data = view.cast("B") if view.c_contiguous else view.tobytes("A")
         self.append(data)
+
+
+class SharingSnapshot(Snapshot):
+    """A ``Snapshot`` that stops the pickler at the first payload large enough for shared
+    memory (``segments.LargePayload``): the object is then pickled for a segment."""
+
+    def write(self, data: Any) -> None:
+        if (len(data) if type(data) is bytes else memoryview(data).nbytes) >= SHARED_ABOVE:
+            raise LargePayload
+        Snapshot.write(self, data)
+
+
+class SharingBorrow(Borrow):
+    """A ``Borrow`` that stops the pickler at the first payload large enough for shared
+    memory, as ``SharingSnapshot``."""
+
+    def write(self, data: Any) -> None:
+        if (len(data) if type(data) is bytes else memoryview(data).nbytes) >= SHARED_ABOVE:
+            raise LargePayload
+        Borrow.write(self, data)
 
 
 def dump(obj: Any, collector: type[list[Any]], pickler_class: type[Any] = pickle.Pickler

@@ -18,10 +18,11 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any, Callable
 
+from . import segments
 from .exceptions import decode_exception, encode_exception
 from .frames import BodyReader, Buffers, Frame, Kind, MalformedFrame, Unreceivable
-from .picklers import (PROTOCOL, Borrow, Snapshot, by_value_pickler, dump, dumps_by_value,
-                       kept_picklers)
+from .picklers import (PROTOCOL, Borrow, SharingBorrow, SharingSnapshot, Snapshot,
+                       by_value_pickler, dump, dumps_by_value, kept_picklers)
 
 if TYPE_CHECKING:
     from .._errors import ArgumentPicklingError
@@ -31,6 +32,9 @@ if TYPE_CHECKING:
 # return and raise nothing unusual needs none of them. Under spawn and forkserver they
 # cost each worker start about 20 ms.
 _FN_LENGTH = struct.Struct("!I")
+# Set in a CALL body's function length when a segment envelope follows the function: the
+# call's large payloads are in shared memory (``segments``).
+_IN_SEGMENT = 1 << 31
 
 
 # --- calls ---------------------------------------------------------------------------------
@@ -104,22 +108,43 @@ def _renamed_code(code: types.CodeType, filename: str) -> types.CodeType:
 
 def dumps_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
                     ) -> Buffers:
-    """Pickle ``(args, kwargs)``; on failure, name the argument that does not pickle."""
+    """Pickle ``(args, kwargs)``; on failure, name the argument that does not pickle.
+    Large payloads go into a shared-memory segment where the platform has them."""
     # BaseException: a user reducer runs here, and even its SystemExit fails only this call;
     # a Ctrl-C is the user's, and goes on.
+    sharing = segments.enabled()
     try:
-        return kept_picklers.dump((args, kwargs), Snapshot)
+        return kept_picklers.dump((args, kwargs), SharingSnapshot if sharing else Snapshot)
     except KeyboardInterrupt:
         raise
+    except segments.LargePayload:
+        try:
+            return _dump_shared((args, kwargs), pickle.Pickler)
+        except KeyboardInterrupt:
+            raise
+        except BaseException:
+            pass
     except BaseException:
         pass
     try:
+        if sharing:
+            try:
+                return dump((args, kwargs), SharingSnapshot, by_value_pickler())
+            except segments.LargePayload:
+                return _dump_shared((args, kwargs), by_value_pickler())
         return dump((args, kwargs), Snapshot, by_value_pickler())
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
         error = _name_unpicklable_argument(fn, args, kwargs, exc)
         raise error from exc
+
+
+def _dump_shared(obj: Any, pickler_class: type[Any]) -> Buffers:
+    """``obj`` with its large payloads in a segment, or wholly in the pipe's body if this
+    process may have no more segments."""
+    body = segments.dump_call(obj, pickler_class, Snapshot)
+    return body if body is not None else dump(obj, Snapshot, pickler_class)
 
 
 def _name_unpicklable_argument(fn: Callable[..., Any], args: tuple[Any, ...],
@@ -152,27 +177,42 @@ def _said(exc: BaseException) -> str:
 
 
 def encode_call(fn_blob: bytes, args: Buffers) -> Buffers:
+    if type(args[0]) is segments.SharedRef:  # kept as a part: it holds the segment
+        return [_FN_LENGTH.pack(len(fn_blob) | _IN_SEGMENT) + fn_blob, *args]
     head = _FN_LENGTH.pack(len(fn_blob)) + fn_blob
     if len(args) == 1:  # the usual small call: one buffer, one iovec
         return [head + args[0]]
     return [head, *args]
 
 
-def decode_call(body: Any) -> tuple[bytes | memoryview, Any]:
-    """Split a CALL body into the pickled function and the pickled ``(args, kwargs)``:
-    views of a body in memory, or for a ``BodyReader`` the function's bytes and the reader
-    itself, positioned at the arguments (see ``load_arguments``)."""
+def decode_call(body: Any) -> tuple[bytes | memoryview, Any, Any]:
+    """Split a CALL body into the pickled function, the pickled ``(args, kwargs)`` and the
+    segment envelope of its payloads (None if it has none). The arguments are a view of
+    a body in memory, or for a ``BodyReader`` the reader itself, positioned at them (see
+    ``load_arguments``)."""
     if isinstance(body, BodyReader):
         (fn_length,) = _FN_LENGTH.unpack(body.read(_FN_LENGTH.size))
-        return body.read(fn_length), body
+        fn_blob = body.read(fn_length & ~_IN_SEGMENT)
+        envelope = None
+        if fn_length & _IN_SEGMENT:
+            envelope = body.read(segments.ENVELOPE_HEAD)
+            envelope += body.read(segments.envelope_length(envelope) - len(envelope))
+        return fn_blob, body, envelope
     view = memoryview(body)
     (fn_length,) = _FN_LENGTH.unpack_from(view)
     start = _FN_LENGTH.size
-    return view[start:start + fn_length], view[start + fn_length:]
+    end = start + (fn_length & ~_IN_SEGMENT)
+    if not fn_length & _IN_SEGMENT:
+        return view[start:end], view[end:], None
+    envelope_end = end + segments.envelope_length(view[end:])
+    return view[start:end], view[envelope_end:], view[end:envelope_end]
 
 
-def load_arguments(source: Any) -> Any:
-    """Unpickle the arguments part of ``decode_call``: from memory, or from the pipe."""
+def load_arguments(source: Any, call: segments.CallView | None = None) -> Any:
+    """Unpickle the arguments part of ``decode_call``: from memory, or from the pipe; with
+    ``call``, the view of the call's segment, its payloads from there."""
+    if call is not None:
+        return call.load(source)
     return pickle.load(source) if isinstance(source, BodyReader) else pickle.loads(source)
 
 
@@ -184,17 +224,34 @@ def load_arguments(source: Any) -> Any:
 UNPICKLABLE_RESULT = "_pool_unpicklable_result"
 
 
-def encode_result(value: Any) -> tuple[Kind, Buffers]:
+def encode_result(value: Any, *, copied: bool = False) -> tuple[Kind, Buffers]:
     """Pickle a return value; if it cannot be, a RAISED frame carries the pickling error
-    itself (as the stdlib raises it), with a note naming the value's type."""
+    itself (as the stdlib raises it), with a note naming the value's type. ``copied``:
+    the body must not borrow from the value (it may be a view of the call's segment,
+    which is closed before the reply is written). Large payloads go into the segment the
+    parent lent this worker, if it has one."""
+    collector: type[list[Any]] = Snapshot if copied else Borrow
+    desk = segments.worker_desk
     # BaseException throughout: a user __reduce__ runs here, and even its SystemExit must
     # fail only this result, not end the worker.
     try:
-        return Kind.RESULT, kept_picklers.dump(value, Borrow)
+        return Kind.RESULT, kept_picklers.dump(
+            value, collector if desk is None else SharingSnapshot if copied else SharingBorrow)
+    except segments.LargePayload:
+        assert desk is not None
+        try:
+            if (body := desk.dump_result(value, collector)) is not None:
+                return Kind.RESULT, body
+        except BaseException:
+            pass
+        try:
+            return Kind.RESULT, kept_picklers.dump(value, collector)
+        except BaseException:
+            pass
     except BaseException:
         pass
     try:
-        return Kind.RESULT, dump(value, Borrow, by_value_pickler())
+        return Kind.RESULT, dump(value, collector, by_value_pickler())
     except BaseException as exc:
         exc.add_note(f"(raised while pickling the task's return value, a "
                      f"{type(value).__qualname__}, in the worker)")
@@ -205,8 +262,10 @@ def encode_result(value: Any) -> tuple[Kind, Buffers]:
         return Kind.RAISED, [encode_exception(exc)]
 
 
-def decode_outcome(frame: Frame) -> tuple[bool, Any]:
-    """``(True, value)`` or ``(False, exception)`` for a RESULT or RAISED frame.
+def decode_outcome(frame: Frame, desk: segments.LoanDesk | None = None
+                   ) -> tuple[bool, Any]:
+    """``(True, value)`` or ``(False, exception)`` for a RESULT or RAISED frame; ``desk``
+    is the worker's, for a result whose payloads are in the segment it was lent.
 
     A payload that fails to unpickle is that task's error. A body that is not the pool's
     own envelope raises MalformedFrame: the worker is not speaking the protocol.
@@ -218,7 +277,18 @@ def decode_outcome(frame: Frame) -> tuple[bool, Any]:
         return False, error
     if frame.kind is Kind.RESULT:
         try:
-            return True, pickle.loads(frame.body)
+            if frame.body[:1] != segments.MARKER:
+                return True, pickle.loads(frame.body)
+            if desk is None:
+                raise MalformedFrame("a result in a segment, from a worker lent none")
+            return True, desk.load_result(frame.body)
+        except MalformedFrame:
+            raise
+        except segments.NoRoom as room:
+            from .._errors import ResultTransferError
+            error = ResultTransferError(None, "receiving in the parent", str(room))
+            error.__cause__ = MemoryError(str(room))
+            return False, error
         except BaseException as err:  # user reducers run here; even SystemExit is theirs
             from .._errors import ResultTransferError
             error = ResultTransferError(None, "unpickling in the parent",

@@ -34,6 +34,7 @@ from typing import Any, Callable, NamedTuple
 
 from .. import _compat, _platform
 from .._wire import frames as _frames, limits as _limits, pipes as _pipes
+from .._wire import segments as _segments
 from . import progress as _progress, teardown as _teardown
 from .._wire.frames import Frame, FrameReader, Kind
 from .progress import ItemProgress
@@ -115,13 +116,14 @@ class _LargeFrameWriter:
 
 
 # The most new descriptors that starting a worker holds at once in the parent: its pipes,
-# crash file and progress file (7), and what multiprocessing opens to start it. That is a
+# crash file, progress file, loan desk and first loan (9), and what multiprocessing opens to
+# start it. That is a
 # socket and two pipes under forkserver, fork_exec's pipes under spawn, with a spare or
 # two. They are taken and given back
 # before the start, so a start that would run out fails before it begins. A forkserver
 # sent half a request, because the parent ran out in the middle, exits on Python
 # 3.11-3.13, and every worker it started loses the exit status the pool watches.
-_START_DESCRIPTORS = 14
+_START_DESCRIPTORS = 16
 
 
 def _check_descriptors_to_start() -> None:
@@ -187,7 +189,8 @@ class WorkerHandle:
     def __init__(self, process: Any, task_fd: int, reply_fd: int, crash_fd: int | None,
                  reclaim_fd: int | None, on_write_done: Callable[[], None],
                  no_crash_file: str = "", count_fd: int | None = None,
-                 progress_fd: int | None = None) -> None:
+                 progress_fd: int | None = None,
+                 desk: _segments.LoanDesk | None = None) -> None:
         self.process = process
         self.pid: int = process.pid
         self.sentinel: int = process.sentinel
@@ -204,6 +207,8 @@ class WorkerHandle:
         self.crash_fd = crash_fd
         self._no_crash_file = no_crash_file  # why there is no crash_fd, if there is none
         self.progress_fd = progress_fd  # where a chunk records its items (_worker.progress)
+        # The segment lent to the worker for its next large result (_wire.segments).
+        self.desk = desk
         self._forkserver: int | None = None  # the forkserver that started it, if one did
         self.start_error: BaseException | None = None  # from an INIT_FAILED frame
         self.tasks_run = 0  # replies received: tasks it finished (for stats)
@@ -248,6 +253,14 @@ class WorkerHandle:
                 "pool-progress", "pool-progress-")
             if progress_fd is not None:
                 opened.append(progress_fd)
+            desk = None
+            if _platform.SHARED_MEMORY:
+                try:
+                    desk = _segments.LoanDesk()
+                except OSError:
+                    pass  # its large results go through the pipe
+                else:
+                    opened.append(desk.fd)
             # The worker's own read end, kept to count what it leaves unread (see count_fd).
             count_fd = (task_r if reclaim_fd is None and not _platform.UNREAD_ON_WRITE_END
                         else None)
@@ -262,7 +275,8 @@ class WorkerHandle:
                                 portable=_platform.PORTABLE,
                                 progress_fd=(None if progress_fd is None
                                              else InheritedFd(progress_fd)),
-                                progress_in_memory=progress_in_memory)
+                                progress_in_memory=progress_in_memory,
+                                desk=None if desk is None else (os.getpid(), desk.fd))
             process = ctx.Process(target=worker_main, args=(setup,), name=name)
             with _compat.std_streams_left_unflushed():  # a blocked stdout must not block us
                 _start_holding_stop_signals(process, method)
@@ -274,7 +288,9 @@ class WorkerHandle:
         _teardown.close_fds(None if count_fd is not None else task_r, reply_w)
         os.set_blocking(reply_r, False)
         handle = cls(process, task_w, reply_r, crash_fd, reclaim_fd, on_write_done,
-                     no_crash_file, count_fd, progress_fd)
+                     no_crash_file, count_fd, progress_fd, desk)
+        if desk is not None:
+            desk.lend()
         if method == "forkserver":
             handle._forkserver = _compat.forkserver_pid()
         return handle
@@ -282,6 +298,8 @@ class WorkerHandle:
     def parent_fds(self) -> list[int]:
         fds = [self.reader.fd, self.sentinel]
         fds += [fd for fd in (self.crash_fd, self.progress_fd) if fd is not None]
+        if self.desk is not None:
+            fds += self.desk.fds()
         return fds + self.task_pipe_fds()
 
     def task_pipe_fds(self) -> list[int]:
@@ -440,5 +458,8 @@ class WorkerHandle:
         progress = _progress.read(self.progress_fd)
         self.close_task_pipe()
         _teardown.close_fds(self.reader.fd, self.crash_fd, self.progress_fd)
+        if self.desk is not None:  # a worker not reaped may still map its loan
+            self.desk.close(worker_gone=exitcode is not None)
+            self.desk = None
         return Exit(self.pid, exitcode, crash_report, unread, group_left, self.start_error,
                     ended_because, progress)

@@ -44,7 +44,7 @@ from multiprocessing import util as _util
 
 from .. import _compat, _exit, _platform, _shake
 from .._wire import exceptions as _exceptions, frames as _frames, pickling as _pickling
-from .._wire import pipes as _pipes
+from .._wire import pipes as _pipes, segments as _segments
 from .streams import drop_inherited_output
 from .._wire.frames import Kind
 
@@ -222,13 +222,16 @@ class WorkerSetup:
                  max_tasks: int | None, max_memory: int | None,
                  fds_to_close: tuple[int, ...], forked: bool = False,
                  portable: bool = False, progress_fd: InheritedFd | None = None,
-                 progress_in_memory: bool = False) -> None:
+                 progress_in_memory: bool = False,
+                 desk: tuple[int, int] | None = None) -> None:
         self.task_fd = task_fd
         self.reply_fd = reply_fd
         self.lifeline_fd = lifeline_fd
         self.crash_fd = crash_fd
         self.progress_fd = progress_fd  # where a chunk records its items (_worker.progress)
         self.progress_in_memory = progress_in_memory  # a memfd (else a file on disk)
+        # The parent's pid and its descriptor of this worker's loan desk (_wire.segments).
+        self.desk = desk
         self.initializer = initializer
         self.max_tasks = max_tasks
         self.max_memory = max_memory  # bytes of resident memory, or None
@@ -271,6 +274,8 @@ def worker_main(setup: WorkerSetup) -> None:
     global _progress_fd, _progress_in_memory, _progress_pid
     _progress_fd = None if setup.progress_fd is None else setup.progress_fd.fd
     _progress_in_memory, _progress_pid = setup.progress_in_memory, os.getpid()
+    if setup.desk is not None:  # where the parent lends segments for large results
+        _segments.worker_desk = _segments.WorkerDesk(*setup.desk)
     threading.Thread(target=_watch_parent, name="pool-worker-watchdog", daemon=True,
                      args=(setup.lifeline_fd.fd,)).start()
 
@@ -404,11 +409,14 @@ class _ResidentMemory:
 
 
 def _run_call(functions: _FunctionCache, body: Any) -> tuple[Kind, bytes | _frames.Buffers]:
+    call: _segments.CallView | None = None  # the view of the call's segment, if it has one
     try:
         try:
-            fn_blob, args_source = _pickling.decode_call(body)
+            fn_blob, args_source, envelope = _pickling.decode_call(body)
             fn = functions.get(fn_blob)
-            args, kwargs = _pickling.load_arguments(args_source)
+            if envelope is not None:
+                call = _segments.CallView(envelope)
+            args, kwargs = _pickling.load_arguments(args_source, call)
         finally:
             if isinstance(body, _frames.BodyReader):
                 body.skip_rest()  # whatever happened, the next frame starts after this one
@@ -420,13 +428,25 @@ def _run_call(functions: _FunctionCache, body: Any) -> tuple[Kind, bytes | _fram
             f"the worker (pid {os.getpid()}) could not unpickle the task's function or "
             f"arguments: {type(exc).__name__}: {_exceptions.safe_str(exc)}")
         error.__cause__ = exc
-        return Kind.RAISED, _exceptions.encode_exception(error)
+        outcome: tuple[Kind, bytes | _frames.Buffers] = (
+            Kind.RAISED, _exceptions.encode_exception(error))
+        del error, exc
+    else:
+        outcome = _outcome(fn, args, kwargs, copied=call is not None)
+        del args, kwargs
+    if call is not None:
+        call.release()  # before the reply: the parent reuses the segment once it has it
+    return outcome
+
+
+def _outcome(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], *,
+             copied: bool) -> tuple[Kind, bytes | _frames.Buffers]:
     try:
         value = fn(*args, **kwargs)
     except BaseException as exc:
         _drop_own_frame(exc)
         return Kind.RAISED, _exceptions.encode_exception(exc)
-    return _pickling.encode_result(value)
+    return _pickling.encode_result(value, copied=copied)
 
 
 # What a worker runs for one ``map`` chunk. They live here, with the worker, not in

@@ -134,7 +134,7 @@ def _saying_where_no_frame_shows(lines: list[str]) -> list[str]:
     from .._errors import IN_THE_MAPPED_FUNCTION, IN_THE_TASK_FUNCTION
     if len(lines) < 2 or not lines[1].strip().startswith("File "):
         return lines
-    for filename, function, says in ((_WORKER_FILE, "_run_call", IN_THE_TASK_FUNCTION),
+    for filename, function, says in ((_WORKER_FILE, "_outcome", IN_THE_TASK_FUNCTION),
                                      (_WORKER_FILE, "process_items", IN_THE_MAPPED_FUNCTION),
                                      (_WORKER_FILE, "process_chunk", IN_THE_MAPPED_FUNCTION),
                                      (_COMMAND_TASK_FILE, "_run_one", IN_THE_MAPPED_FUNCTION)):
