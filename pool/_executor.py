@@ -20,8 +20,7 @@ from typing import (TYPE_CHECKING, Any, AsyncGenerator, Callable, Iterable, Iter
                     ParamSpec, TypeVar)
 
 from ._wire import pickling as _pickling
-from ._errors import ArgumentPicklingError
-from ._first_task import before_first_task
+from ._first_task import before_first_task, start_forkserver_early
 from ._futures import PoolFuture, failed_future
 from ._options import POOL_DEFAULT, checked_options, seconds
 from ._stdlib_attributes import StdlibAttributes
@@ -96,6 +95,7 @@ class ProcessPool(StdlibAttributes, Executor):
                                   max_memory_per_child=max_memory_per_child,
                                   idle_timeout=idle_timeout, stop_grace=stop_grace,
                                   terminate_grace=terminate_grace, kill_grace=kill_grace)
+        start_forkserver_early(options.mp_context)  # beside the imports that follow
         from ._dispatcher.front import Dispatcher
         self._task_timeout = options.task_timeout
         # These two as the stdlib names them; the others that code reads: StdlibAttributes.
@@ -148,8 +148,13 @@ class ProcessPool(StdlibAttributes, Executor):
         try:
             body = _pickling.encode_call(_pickling.dumps_callable(fn),
                                          _pickling.dumps_arguments(fn, args, kwargs))
-        except ArgumentPicklingError as exc:
-            return failed_future(exc)
+        except Exception as exc:
+            # (The pool's errors, and the stdlib's process pool they extend, are imported
+            # once the pool's machinery is, after the forkserver's early start.)
+            from ._errors import ArgumentPicklingError
+            if isinstance(exc, ArgumentPicklingError):
+                return failed_future(exc)
+            raise
         return self._dispatcher.submit(fn, args, kwargs, body, timeout)
 
     def map(self, fn: Callable[..., T], *iterables: Iterable[Any], timeout: float | None = None,

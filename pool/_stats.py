@@ -1,7 +1,10 @@
 """What a pool has done and is doing: the counts behind ``ProcessPool.stats()``.
 
-Owns: ``PoolStats`` and ``WorkerStats``, the public snapshot, frozen; and ``Counters``, the
-running totals behind it.
+Owns: ``PoolStats`` and ``WorkerStats``, the public snapshot, frozen (``dataclasses``, so
+that ``dataclasses.asdict`` gives a snapshot as a dict). The running totals behind it are
+``_counts.Counters``, which the dispatcher imports without this module: ``dataclasses``
+costs a program's first pool 13 ms to import, and a snapshot is first made when a caller
+asks for one, or as the pool ends.
 Runs in: only the dispatcher thread changes ``Counters``, as it ends tasks and reaps
 workers. A snapshot is taken on that thread when a caller asks, after every command the
 caller queued before. So the counts of one snapshot agree with each other, and a task the
@@ -14,10 +17,7 @@ Guarantees: every task the pool accepted is in exactly one of ``queued``, ``runn
 
 from __future__ import annotations
 
-import collections
-import enum
 import os
-import signal
 from dataclasses import dataclass, replace
 
 from . import _platform
@@ -90,59 +90,6 @@ class PoolStats:
         if self.starts_refused:
             workers += f", {self.starts_refused} starts refused"
         return f"<PoolStats {', '.join(counts)}; {workers})>"
-
-
-class Outcome(enum.Enum):
-    """How a task ended, as ``PoolStats`` counts it (see its docstring)."""
-
-    __hash__ = object.__hash__  # looked up once per task: identity, no Python code
-
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    STOPPED = "stopped"
-    TIMED_OUT = "timed_out"
-
-
-class Counters:
-    """Running totals, changed by the dispatcher thread only (see the module docstring)."""
-
-    __slots__ = ("submitted", "workers_started", "starts_refused", "tasks_by_outcome",
-                 "deaths_by_cause")
-
-    def __init__(self) -> None:
-        self.submitted = self.workers_started = self.starts_refused = 0
-        self.tasks_by_outcome = dict.fromkeys(Outcome, 0)
-        self.deaths_by_cause: collections.Counter[str] = collections.Counter()
-
-    def ended(self, outcome: Outcome) -> None:
-        self.tasks_by_outcome[outcome] += 1
-
-    def worker_died(self, exitcode: int | None) -> None:
-        self.deaths_by_cause[death_cause(exitcode)] += 1
-
-    def snapshot(self, queued: int, running: int, workers: tuple[WorkerStats, ...]
-                 ) -> PoolStats:
-        by_outcome, by_cause = self.tasks_by_outcome, self.deaths_by_cause
-        return PoolStats(
-            submitted=self.submitted, queued=queued, running=running,
-            completed=by_outcome[Outcome.COMPLETED], failed=by_outcome[Outcome.FAILED],
-            cancelled=by_outcome[Outcome.CANCELLED], stopped=by_outcome[Outcome.STOPPED],
-            timed_out=by_outcome[Outcome.TIMED_OUT], workers_started=self.workers_started,
-            worker_deaths=sum(by_cause.values()), deaths_by_cause=dict(by_cause),
-            starts_refused=self.starts_refused, workers=workers)
-
-
-def death_cause(exitcode: int | None) -> str:
-    """``"SIGSEGV"``, ``"exit code 3"``: how a worker ended, as a short key."""
-    if exitcode is None:
-        return "not reaped"
-    if exitcode < 0:
-        try:
-            return signal.Signals(-exitcode).name
-        except ValueError:
-            return f"signal {-exitcode}"
-    return f"exit code {exitcode}"
 
 
 def with_memory(stats: PoolStats) -> PoolStats:

@@ -803,3 +803,47 @@ def write_bad_segment_result():
     _frames.write_frame(_worker._reply_fd, _frames.Kind.RESULT, _worker._current_task_id,
                         _segments.MARKER + envelope + pickle.dumps(None))
     time.sleep(30)
+
+
+def fork_viewing(b, gate, path):
+    """Fork a child that checks its view of the argument once ``gate`` exists (after the
+    task has ended and the parent has sent more calls), writing "same" or "changed" to
+    ``path``; return at once."""
+    expected = checksum(memoryview(b.data))
+    if os.fork() == 0:
+        try:
+            wait_for_file(gate, timeout=60)
+            same = checksum(memoryview(b.data)) == expected
+            with open(path + ".tmp", "w") as f:
+                f.write("same" if same else "changed")
+            os.replace(path + ".tmp", path)
+        finally:
+            os._exit(0)
+    return expected
+
+
+def write_sparse_segment_result(size):
+    """A RESULT frame whose envelope points at ``size`` bytes of the lent segment that
+    were never written (the segment only grown to hold them)."""
+    from pool._wire import frames as _frames, segments as _segments
+    from pool._worker import main as _worker
+    desk = _segments.worker_desk
+    generation, fd, ino = desk.loan()
+    target = os.open(f"/proc/{desk.parent_pid}/fd/{fd}", os.O_RDWR)
+    os.ftruncate(target, size)
+    os.close(target)
+    envelope = _segments._envelope(0, fd, ino, generation, [(_Sized(size), 0)], [0])
+    _frames.write_frame(_worker._reply_fd, _frames.Kind.RESULT, _worker._current_task_id,
+                        _segments.MARKER + envelope + pickle.dumps(None))
+    time.sleep(30)
+
+
+class _Sized:
+    """Stands for a payload of ``nbytes`` in an envelope, without its bytes."""
+
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+
+
+def same_object(pair):
+    return pair[0] is pair[1], pair

@@ -205,6 +205,51 @@ def test_deaths_timeouts_and_floods_leave_no_segment_and_no_mapping(method, tmp_
     assert facts["children_left"] == [] and facts["threads_left"] == []
 
 
+@pytest.mark.skipif(not _platform.SHARED_MEMORY, reason="shared memory only: forks")
+def test_a_view_a_task_forked_with_is_never_written_again(tmp_path):
+    gate, path = str(tmp_path / "gate"), str(tmp_path / "seen")
+    with pool.ProcessPool(1, mp_context=__import__("multiprocessing").get_context("fork")) as p:
+        p.submit(tasks.fork_viewing, tasks.blob(MiB, 1), gate, path).result()
+        for fill in range(2, 12):  # calls that could reuse the segment the child views
+            p.submit(tasks.blob_facts, tasks.blob(MiB, fill)).result()
+        open(gate, "w").close()
+        assert wait_until(lambda: os.path.exists(path), 60)
+    with open(path) as seen:
+        assert seen.read() == "same"
+
+
+@pytest.mark.skipif(not _platform.SHARED_MEMORY, reason="shared memory only: loans")
+def test_a_result_over_pages_never_written_fails_its_task_and_the_parent_allocates_none():
+    def rss() -> int:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    with pool.ProcessPool(1) as p:
+        before = rss()
+        with pytest.raises(pool.WorkerProtocolError, match="never all written"):
+            p.submit(tasks.write_sparse_segment_result, 1 << 30).result()
+        assert rss() - before < 100 << 20  # not the gigabyte the envelope claimed
+        assert bytes(p.submit(tasks.blob, MiB, 3).result().data) == bytes([3]) * MiB
+
+
+def test_the_same_large_object_arrives_as_one_object_both_ways():
+    with pool.ProcessPool(1) as p:
+        big = os.urandom(MiB)
+        same, back = p.submit(tasks.same_object, (big, big)).result()
+        assert same and back[0] is back[1] and back[0] == big
+
+
+@pytest.mark.skipif(not _platform.SHARED_MEMORY, reason="shared memory only: loans")
+def test_a_worker_lent_nothing_when_none_could_be_had_is_lent_one_later(monkeypatch):
+    monkeypatch.setattr(segments, "MAX_SEGMENTS", 0)
+    with pool.ProcessPool(1) as p:
+        first = p.submit(tasks.blob, MiB, 1).result()
+        assert type(memoryview(first.data).obj).__name__ == "bytearray"  # the pipe
+        monkeypatch.setattr(segments, "MAX_SEGMENTS", 256)
+        p.submit(tasks.square, 2).result()  # its reply: the worker is lent a segment now
+        later = p.submit(tasks.blob, MiB, 2).result()
+        assert type(memoryview(later.data).obj).__name__ == "mmap"
+
+
 @pytest.mark.skipif(not _platform.SHARED_MEMORY, reason="shared memory only: idle segments")
 def test_idle_segments_go_back_to_the_system_while_the_pool_stays_open(monkeypatch):
     monkeypatch.setattr(segments, "IDLE_SECONDS", 0.2)

@@ -2,7 +2,7 @@
 
 Owns: nothing but these value types. Runs in: the dispatcher thread.
 Guarantees: each is immutable; ``Send`` and ``Resolve``, made for every task, only by
-convention, as a frozen dataclass's ``__init__`` costs three times a plain one's. Each
+convention, as a frozen value's ``__init__`` costs three times a plain one's. Each
 names its slot by ``index`` and its task by ``task_id``, never by object: a ``Slot``
 record is the machine's own, and everywhere else a slot is its index.
 The facts an action needs from the event that caused it (a reply's outcome, a dead worker's
@@ -14,7 +14,7 @@ Assumes: the dispatcher carries out each action once, in the order given.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from .values import field, value_type
 from typing import Any, Union
 
 
@@ -23,18 +23,18 @@ def _payload(default: Any = None) -> Any:
     return field(default=default, compare=False, repr=False)
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class Spawn:
     index: int
 
 
-@dataclass(slots=True)  # not frozen: see the module docstring
+@value_type()  # not frozen: see the module docstring
 class Send:
     index: int
     task_id: int
 
 
-@dataclass(slots=True)  # not frozen: see the module docstring
+@value_type()  # not frozen: see the module docstring
 class Resolve:
     """The task's reply is final: deliver it to the future. ``outcome``: ``(True, value)``
     or ``(False, exception)``, as the reply was decoded."""
@@ -56,7 +56,7 @@ class FailCause(enum.Enum):
                                # and no worker was left to run it; the pool stays open
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class Fail:
     """The task failed for ``cause``. ``index`` is the slot whose worker was running it
     (``None`` for a queued task); ``timeout``, the limit it overran (``TIMED_OUT`` only);
@@ -69,46 +69,46 @@ class Fail:
     reason: str = _payload("")
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class Stopped:
     """The caller stopped this task: it never started, or (``ran``) its worker was killed."""
     task_id: int
     ran: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class Cancel:
     """shutdown(cancel_futures=True) cancels this queued task."""
     task_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class Reclaim:
     """Take back the tasks that wait in the slot's pipe behind its running one (the
     dispatcher reports which it got with ``tasks_reclaimed``)."""
     index: int
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class AskToExit:
     """Ask the slot's worker to exit (close its task pipe)."""
     index: int
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class Signal:
     """Send a signal to the slot's worker and to its process group."""
     index: int
     signum: int
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class DumpStack:
     """Ask the slot's worker (not its group) to write its Python stack, then exit."""
     index: int
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class Misbehaved:
     """The slot's worker broke the protocol (``reason`` says how): log it, read nothing
     more from it. Its running task's ``Fail`` and its kill follow."""
@@ -125,7 +125,7 @@ class Departure(enum.Enum):
     RUNNING = "running"    # it died with tasks sent to it
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class WorkerGone:
     """The slot's worker has exited (first of the actions its exit causes)."""
     index: int
@@ -133,12 +133,12 @@ class WorkerGone:
     exited: Any = _payload()
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class Broken:
     """Workers failed to start too often in a row: the pool starts no more."""
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class Unreaped:
     """The slot's process survived SIGKILL's grace period: report it by pid."""
     index: int

@@ -14,7 +14,7 @@ Assumes: only this part moves a slot to STOPPING.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
+from .values import value_type
 from operator import attrgetter
 from typing import Callable
 
@@ -23,7 +23,7 @@ from .records import Records
 from .states import Ending, Escalation, Slot, SlotState, Stopping, TaskState, Timeouts
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class Step:
     act: Callable[[int], Action]                # the action, given the slot's index
     grace: Callable[[Timeouts], float] | None   # how long the worker is given after it

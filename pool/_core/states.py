@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from dataclasses import dataclass, field
+from .values import field, value_type
 
 
 class InvalidTransition(RuntimeError):
@@ -122,7 +122,7 @@ class Ending(enum.Enum):
     TERMINATED = "terminated"  # terminate_workers() / kill_workers(): WorkerTerminated
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class Timeouts:
     """Grace periods of the escalation, in seconds."""
     stop: float = 3.0       # an idle worker asked to stop (task pipe closed), before SIGTERM
@@ -131,7 +131,7 @@ class Timeouts:
     dump: float = 1.0       # a timed-out worker asked for its stack, before SIGKILL
 
 
-@dataclass(slots=True)
+@value_type()
 class Task:
     task_id: int
     frame_bytes: int                # its CALL frame, header included: what it costs a pipe
@@ -147,7 +147,7 @@ class Task:
     read_checked: bool = False      # running long: checked that its worker began to read it
 
 
-@dataclass(slots=True)
+@value_type()
 class WorkerLife:
     """What the pool knows of the worker in a slot. A slot that empties gets a fresh one,
     so that nothing of a gone worker carries over to the next."""
@@ -163,7 +163,7 @@ class WorkerLife:
     checking_read: bool = False     # a Reclaim is out to see whether it read its task
 
 
-@dataclass(slots=True)
+@value_type()
 class Stopping:
     """How far the pool has gone in ending a slot's worker, and why: a slot has one from
     the moment it is STOPPING until it is EMPTY."""
@@ -172,7 +172,7 @@ class Stopping:
     ending: Ending | None = None    # set while a task runs there: decides how that task ends
 
 
-@dataclass(slots=True)
+@value_type()
 class Slot:
     index: int
     state: SlotState = SlotState.UNUSED

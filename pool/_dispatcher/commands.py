@@ -13,17 +13,20 @@ Assumes: nothing; these are types only.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol, Union
+
+from .._core.values import value_type
 
 from .._errors import TaskInfo
 from .._futures import PoolFuture
 from .._latch import Latch
-from .._stats import PoolStats
 from .._wire.frames import Buffers
 
+if TYPE_CHECKING:
+    from .._stats import PoolStats
 
-@dataclass(eq=False, slots=True)
+
+@value_type(eq=False)
 class Submission:
     """A submitted task as the dispatcher tracks it."""
 
@@ -40,27 +43,27 @@ class Submission:
 EncodedCall = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any], Buffers]
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class Submit:
     submissions: list[Submission]  # one submit(), or a group of map()'s, in order
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class Shutdown:
     cancel_futures: bool
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class StopTask:
     task_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class Terminate:
     signum: int  # SIGTERM (terminate_workers) or SIGKILL (kill_workers)
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class Sync:
     """Set ``done`` once every command queued before this one has been acted on."""
     done: Latch

@@ -20,7 +20,7 @@ Assumes: the caller stops taking events from a worker the machine calls misbehav
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from .._core.values import value_type
 from typing import Iterator, Union
 
 from .._core.actions import Action, Resolve
@@ -33,31 +33,31 @@ from .._worker.handle import WorkerHandle
 logger = logging.getLogger("pool")
 
 
-@dataclass(slots=True)  # not frozen, as ``Send``: one is made for every read of replies
+@value_type()  # not frozen, as ``Send``: one is made for every read of replies
 class Replied:
     """Replies, in the order they came: ``(task_id, (True, value) or (False, error))``."""
     replies: list[tuple[int, object]]
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class Ready:
     """The worker has started, and its initializer succeeded."""
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class InitFailed:
     """The worker's initializer raised ``error``; the worker exits next."""
     error: BaseException
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class OverMemory:
     """The worker uses ``rss`` bytes, above ``max_memory_per_child``: it is replaced after
     the task whose reply follows."""
     rss: int
 
 
-@dataclass(frozen=True, slots=True)
+@value_type(frozen=True)
 class BrokeProtocol:
     """The worker sent what the protocol does not allow (``reason`` says what)."""
     reason: str
@@ -70,6 +70,8 @@ def worker_events(worker: WorkerHandle, decoded_errors: list[BaseException]
                   ) -> Iterator[WorkerEvent]:
     """The events in what has arrived from ``worker``, decoded as they are taken."""
     replies: list[tuple[int, object]] = []
+    if worker.desk is not None and worker.desk.loan is None:
+        worker.desk.lend()  # none could be had when it last needed one: try again
     for frame in worker.read():
         kind = frame.kind
         if kind is Kind.RESULT or kind is Kind.RAISED:

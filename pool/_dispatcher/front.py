@@ -29,7 +29,7 @@ import queue
 import signal
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .. import _exit, _shake
 from .._core.states import InvalidTransition, Timeouts
@@ -38,7 +38,7 @@ from .._callbacks import CallbackRunner
 from .._futures import PoolFuture
 from .._latch import Latch
 from .._locks import InterruptSafeLock
-from .._stats import Counters, PoolStats
+from .._counts import Counters
 from .._wire import limits
 from .._wire.frames import HEADER, Buffers, size_of
 from .._worker.main import Initializer
@@ -46,6 +46,9 @@ from .commands import (Command, EncodedCall, Shutdown, StopTask, Submission, Sub
                        Terminate)
 from .loop import Loop
 from .wakeup import Wakeup
+
+if TYPE_CHECKING:
+    from .._stats import PoolStats
 
 logger = logging.getLogger("pool")
 
@@ -133,7 +136,7 @@ class Dispatcher:
         # them).
         self.processes: dict[int, Any] = {}
         self.census = (0, 0)
-        self.stats: PoolStats = Counters().snapshot(0, 0, ())
+        self._stats: PoolStats | None = None  # None: nothing published yet
         # Let go of once the loop has ended: it holds this object, and without the cycle
         # a pool is freed as soon as its last user lets go of it.
         self._loop: Loop | None = Loop(self, self._callbacks,
@@ -200,7 +203,7 @@ class Dispatcher:
         """``(processes, census)`` once the loop has acted on everything queued before this
         call (see ``live_processes``); ``self.stats`` is then as fresh."""
         if os.getpid() != self._owner_pid:
-            self.stats = Counters().snapshot(0, 0, ())
+            self._stats = Counters().snapshot(0, 0, ())
             return {}, (0, 0)  # a forked copy of the parent: none of these are its own
         latch = Latch()
         with self._lock:
@@ -375,8 +378,15 @@ class Dispatcher:
     def publish_processes(self, processes: dict[int, Any]) -> None:
         self.processes = processes
 
+    @property
+    def stats(self) -> PoolStats:
+        """The stats as of a caller's last ``snapshot``."""
+        if self._stats is None:
+            self._stats = Counters().snapshot(0, 0, ())
+        return self._stats
+
     def publish_census(self, census: tuple[int, int], stats: PoolStats) -> None:
-        self.census, self.stats = census, stats
+        self.census, self._stats = census, stats
 
     def pool_broken(self, error: BaseException) -> None:
         with self._lock:

@@ -134,8 +134,16 @@ class Loop:
         cache = segments.cache  # (a forked child gets a cache of its own)
         cache.dispatcher_started()
         try:
+            first = True
             while not (self._machine.closed and not self._reaper.watching):
                 self._turn()
+                if first:  # it started the workers
+                    # What stats() needs, imported while they start: not before
+                    # (dataclasses cost a script's first result 13 ms), nor when first
+                    # asked (a program out of descriptors could not open the module).
+                    from .. import _stats
+                    del _stats  # (imported for the module to be loaded)
+                    first = False
         except BaseException as exc:  # the firewall: never a hang, never a silent death
             self._fail_everything(exc)
         finally:

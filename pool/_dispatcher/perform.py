@@ -33,7 +33,8 @@ from .._core.actions import (Action, AskToExit, Broken, Cancel, Departure, DumpS
 from .._core.machine import StateMachine
 from .._core.start_failures import MAX_START_FAILURES
 from .._errors import WorkerDied, WorkerProtocolError, copy_error, describe_exit
-from .._stats import Counters, Outcome, WorkerStats
+from .._counts import Counters, Outcome
+from .._wire import segments
 from .._worker import teardown
 from .._worker.handle import WorkerHandle
 from .._worker.main import Initializer
@@ -165,6 +166,9 @@ class Performer:
     def _fail(self, action: Fail) -> None:
         """Fail a task with the error its cause calls for, and count how it ended."""
         submission = self.submissions.pop(action.task_id)
+        exited = action.exited
+        if exited is not None and (exited.exitcode is None or exited.group_left):
+            segments.retire(submission.body)  # what is left of the worker may still view it
         cause = action.cause
         outcome = Outcome.FAILED
         if cause is FailCause.BROKEN:  # Broken came first and set the error
@@ -282,8 +286,10 @@ class Performer:
                         else RuntimeError("cannot schedule new futures after shutdown"))
 
     def fail_all(self, error: BaseException) -> None:
-        """The loop failed: end every task it took in with ``error``."""
+        """The loop failed: end every task it took in with ``error``. Their workers are
+        killed after, so no call's segment is reused: a worker may still view it."""
         for submission in self.submissions.values():
+            segments.retire(submission.body)
             self._end_unrun(submission, copy_error(error))
         self.submissions.clear()
 
@@ -322,6 +328,7 @@ class Performer:
         machine = self._machine
         queued, sent = census = (0, 0) if failed else machine.census()
         now = time.monotonic()
+        from .._stats import WorkerStats  # (see _stats: not imported before it is needed)
         workers = []
         for index, worker in sorted(self.workers.items()):
             task_id = None if failed else machine.running_task(index)

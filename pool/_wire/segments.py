@@ -37,6 +37,7 @@ that view (see ``CallView.release``).
 from __future__ import annotations
 
 import collections
+import fcntl
 import io
 import mmap
 import os
@@ -74,6 +75,11 @@ _ALIGN = 64  # every payload starts on this boundary (any dtype's alignment)
 # Segments are made and grown in steps of this, so that one used for calls (a header more)
 # and for results in turn is not grown, and so mapped again, for a few bytes.
 _STEP = 1 << 20
+# A segment may grow, never shrink: a worker that cut one short would make every view of it
+# fault (SIGBUS) in the parent.
+_SEAL_SHRINK = getattr(fcntl, "F_SEAL_SHRINK", 0) if hasattr(fcntl, "F_ADD_SEALS") else 0
+_MEMFD_FLAGS = (getattr(os, "MFD_CLOEXEC", 0)
+                | (getattr(os, "MFD_ALLOW_SEALING", 0) if _SEAL_SHRINK else 0))
 # Mapped with every page at once: a page faulted in on first touch costs several times
 # more, for a payload that is read or written whole (64 MiB: 4 ms against 20).
 _MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
@@ -90,7 +96,13 @@ class LargePayload(Exception):
 
 
 def enabled() -> bool:
-    return _platform.SHARED_MEMORY
+    return _platform.SHARED_MEMORY and _OPENABLE
+
+
+# A worker opens its parent's segments through /proc/PID/fd, which the kernel allows only
+# while the parent is "dumpable": not so for a program started setuid or setgid.
+_OPENABLE = (not hasattr(os, "geteuid")
+             or (os.getuid() == os.geteuid() and os.getgid() == os.getegid()))
 
 
 # --- segments and their cache (the parent) -------------------------------------------------
@@ -101,13 +113,15 @@ class Segment:
     __slots__ = ("fd", "size", "ino", "pid", "view", "idle_since", "retired")
 
     def __init__(self, size: int) -> None:
-        self.fd = os.memfd_create("pool-segment")
+        self.fd = os.memfd_create("pool-segment", _MEMFD_FLAGS)
         self.pid = os.getpid()
         self.size = 0
         self.view: mmap.mmap | None = None  # this process's own, for writing calls
         self.idle_since = 0.0
         self.retired = False  # another process may still map it: never reused
         try:
+            if _SEAL_SHRINK:  # no process may cut it short under another's views
+                fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, _SEAL_SHRINK)
             self.ino = os.fstat(self.fd).st_ino
             self.grow(size)
         except BaseException:
@@ -146,7 +160,7 @@ class SegmentCache:
     segments, the dispatcher gives them back, and a segment may come back in any thread,
     even inside the lock's own section (a garbage collection that frees a call or a
     result), so returns are only queued (``deque.append`` is atomic) and settled under
-    the lock, by a thread not already settling.
+    the lock, by a thread not already changing the lists (``_busy``).
 
     Idle segments are kept only while a dispatcher runs (``active``): it trims them
     (``trim``). With none running, a segment that comes back is closed at once."""
@@ -159,7 +173,8 @@ class SegmentCache:
         self._idle_bytes = 0
         self._live: set[Segment] = set()  # every segment alive that this cache made
         self._viewed: set[Segment] = set()  # results the caller's objects still see
-        self._settling = False
+        self._busy = False
+        self._next_trim: float | None = None
         self.active = 0  # dispatchers running in this process
 
     def dispatcher_started(self) -> None:
@@ -177,25 +192,34 @@ class SegmentCache:
         """Segments alive that this cache made."""
         return len(self._live)
 
-    def take(self, size: int) -> Segment | None:
-        """A segment of at least ``size`` bytes (an idle one if there is), or None if this
-        process may not have more."""
+    def take(self, size: int, most: int | None = None) -> Segment | None:
+        """A segment of at least ``size`` bytes: the smallest idle one that fits (and holds
+        at most ``most``, if given), else the largest idle one grown (unless ``most`` is
+        given), else a new one; None if this process may not have more."""
         with self._lock:
-            self._settle(time.monotonic())
-            fits = [s for s in self._idle if s.size >= size]
-            segment = (min(fits, key=_size) if fits else
-                       max(self._idle, key=_size) if self._idle else None)
-            if segment is not None:
-                self._idle.remove(segment)
-                self._idle_bytes -= segment.size
-            elif len(self._live) >= MAX_SEGMENTS:
+            if self._busy:  # a collection inside this section: the pipe, this once
                 return None
-            else:
-                try:
-                    segment = Segment(size)
-                except OSError:  # out of descriptors or of memory: the pipe, then
+            self._busy = True
+            try:
+                self._settle(time.monotonic())
+                fits = [s for s in self._idle
+                        if s.size >= size and (most is None or s.size <= most)]
+                segment = (min(fits, key=_size) if fits else
+                           max(self._idle, key=_size) if self._idle and most is None
+                           else None)
+                if segment is not None:
+                    self._idle.remove(segment)
+                    self._idle_bytes -= segment.size
+                elif len(self._live) >= MAX_SEGMENTS:
                     return None
-                self._live.add(segment)
+                else:
+                    try:
+                        segment = Segment(size)
+                    except OSError:  # out of descriptors or of memory: the pipe, then
+                        return None
+                    self._live.add(segment)
+            finally:
+                self._busy = False
         try:
             segment.grow(size)
         except OSError:
@@ -215,23 +239,31 @@ class SegmentCache:
         """Give ``segment`` back once ``view``, through which the caller's objects see it,
         is gone with the last of them."""
         self._viewed.add(segment)
-        weakref.finalize(view, self.give_back, segment)
+        # Not at exit: objects still alive then may still be read by exit handlers.
+        weakref.finalize(view, self.give_back, segment).atexit = False
         try:
             view.close()  # closes only if nothing views it any more
         except BufferError:
             pass
 
     def trim(self, now: float | None = None) -> float | None:
-        """Settle returns and close what has been idle too long; when to call again. Does
-        nothing if another thread is at it, or this one (a collection inside the lock)."""
+        """Settle returns and close what has been idle too long; when to call again (a
+        segment the caller's objects view comes back without a word, so while there is
+        one, again in ``IDLE_SECONDS``). Does nothing if another thread is at it, or this
+        one (a collection inside the lock)."""
         now = time.monotonic() if now is None else now
+        if not self._returned and (self._next_trim is None or now < self._next_trim):
+            return self._next_trim if not self._viewed else now + IDLE_SECONDS
         if not self._lock.acquire(blocking=False):
             return now + IDLE_SECONDS
         try:
-            if not self._settling:
-                self._settle(now)
-            return (min(s.idle_since for s in self._idle) + IDLE_SECONDS
-                    if self._idle else None)
+            if not self._busy:
+                self._busy = True
+                try:
+                    self._settle(now)
+                finally:
+                    self._busy = False
+            return self._next_trim if not self._viewed else now + IDLE_SECONDS
         finally:
             self._lock.release()
 
@@ -245,33 +277,30 @@ class SegmentCache:
         return self._idle_bytes
 
     def _settle(self, now: float) -> None:
-        self._settling = True
-        try:
-            returned, idle = self._returned, self._idle
-            while returned:
-                segment = returned.popleft()
-                if segment.pid != self._pid or segment not in self._live:
-                    continue  # a forked child's copy of its parent's segment: not ours
-                if segment.retired or not self.active:
-                    self._forget(segment)
-                else:
-                    segment.idle_since = now
-                    idle.append(segment)
-                    self._idle_bytes += segment.size
-            # Too many bytes idle, or idle too long (or no dispatcher left to use them):
-            # the oldest go first.
-            idle.sort(key=_idle_since)
-            while idle and (self._idle_bytes > IDLE_BYTES or not self.active
-                            or now - idle[0].idle_since >= IDLE_SECONDS):
-                segment = idle.pop(0)
-                self._idle_bytes -= segment.size
+        returned, idle = self._returned, self._idle
+        while returned:
+            segment = returned.popleft()
+            if segment.pid != self._pid or segment not in self._live:
+                continue  # a forked child's copy of its parent's segment: not ours
+            if segment.retired or not self.active:
                 self._forget(segment)
-        finally:
-            self._settling = False
+            else:
+                segment.idle_since = now
+                idle.append(segment)
+        # Too many bytes idle, or idle too long (or no dispatcher left to use them): the
+        # oldest go first. (The sum is counted anew: an interrupt cannot leave it wrong.)
+        idle.sort(key=_idle_since)
+        self._idle_bytes = sum(map(_size, idle))
+        while idle and (self._idle_bytes > IDLE_BYTES or not self.active
+                        or now - idle[0].idle_since >= IDLE_SECONDS):
+            segment = idle.pop(0)
+            self._idle_bytes -= segment.size
+            self._forget(segment)
+        self._next_trim = idle[0].idle_since + IDLE_SECONDS if idle else None
 
     def _forget(self, segment: Segment) -> None:
-        segment.close()
         self._live.discard(segment)
+        segment.close()
 
     def close_in_child(self) -> None:
         """In a forked child: close this process's copies of the parent's segments, so
@@ -309,9 +338,14 @@ def _new_cache_in_child() -> None:
     worker_desk = None  # a task's child is not the worker: it has no loans
 
 
+def _before_fork() -> None:
+    cache.before_fork()
+    if current_call is not None:  # a task forks while it views its arguments: the child
+        current_call.forked = True  # may read them after the task ends
+
+
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=lambda: cache.before_fork(),
-                        after_in_child=_new_cache_in_child)
+    os.register_at_fork(before=_before_fork, after_in_child=_new_cache_in_child)
 
 
 # --- pickling with payloads out of the stream ----------------------------------------------
@@ -331,13 +365,17 @@ def _pickler(base: type[Any]) -> type[Any]:
                 # every payload it saw) until a garbage collection.
                 super().__init__(file, 5, buffer_callback=_out_of_band(payloads))
                 self._payloads = payloads
+                self._index_of: dict[int, int] = {}  # the same object: the same payload
 
             def persistent_id(self, obj: Any) -> Any:
                 cls = type(obj)
                 if (cls is bytes or cls is bytearray) and len(obj) >= SHARED_ABOVE:
-                    self._payloads.append((memoryview(obj), _BYTES if cls is bytes
-                                           else _BYTEARRAY))
-                    return len(self._payloads) - 1
+                    index = self._index_of.get(id(obj))
+                    if index is None:  # (the payload's view keeps obj, and its id, alive)
+                        self._payloads.append((memoryview(obj), _BYTES if cls is bytes
+                                               else _BYTEARRAY))
+                        index = self._index_of[id(obj)] = len(self._payloads) - 1
+                    return index
                 return None
 
         made = _picklers[base] = SegmentPickler
@@ -401,15 +439,18 @@ def _load(stream: Any, views: list[memoryview], kinds: list[int]) -> Any:
     unpickler = pickle.Unpickler(file, buffers=[v for v, k in zip(views, kinds)
                                                 if k == _BUFFER])
 
+    loaded: dict[int, Any] = {}  # one object per payload, as it was sent
+
     def persistent_load(index: Any) -> Any:
         if not isinstance(index, int) or not 0 <= index < len(views):
             raise pickle.UnpicklingError(f"no payload {index!r}")
         kind = kinds[index]
-        if kind == _BYTES:
-            return bytes(views[index])
-        if kind == _BYTEARRAY:
-            return bytearray(views[index])
-        raise pickle.UnpicklingError(f"payload {index} is a buffer, not bytes")
+        if kind == _BUFFER:
+            raise pickle.UnpicklingError(f"payload {index} is a buffer, not bytes")
+        value = loaded.get(index)
+        if value is None:
+            value = loaded[index] = (bytes if kind == _BYTES else bytearray)(views[index])
+        return value
 
     unpickler.persistent_load = persistent_load  # type: ignore[method-assign]
     return unpickler.load()
@@ -467,64 +508,93 @@ def dump_call(obj: Any, base: type[Any], collector: type[list[Any]]) -> Buffers 
 ENVELOPE_HEAD = _ENVELOPE.size  # enough of an envelope to know its length
 
 
+def retire(body: Buffers) -> None:
+    """Never reuse the segment of this call's body: a process other than its worker may
+    still view it (the worker was not reaped, or left processes in its group)."""
+    for part in body:
+        if type(part) is SharedRef:
+            part.segment.retired = True
+
+
 def envelope_length(data: Any) -> int:
     """The length of the envelope at the start of ``data`` (a call's, after its function)."""
     count: int = struct.unpack_from("!I", data, _ENVELOPE.size - 4)[0]
     return _ENVELOPE.size + count * _PAYLOAD.size
 
 
+def _extent(payloads: list[tuple[int, int, int]]) -> int:
+    """Where the last payload ends, rounded up to a page: what is mapped of a segment."""
+    end = max(offset + length for offset, length, _ in payloads)
+    return -(-end // mmap.PAGESIZE) * mmap.PAGESIZE
+
+
 class CallView:
     """The worker's view of a call's segment, from the envelope the call came with."""
 
     def __init__(self, envelope: Any) -> None:
+        global current_call
         (pid, fd, ino, _), payloads, _ = _read_envelope(envelope)
         source = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
         try:
             status = os.fstat(source)
             if status.st_ino != ino:
                 raise OSError(f"descriptor {fd} of pid {pid} is no longer the call's segment")
-            size = status.st_size
-            if any(offset + length > size for offset, length, _ in payloads):
-                raise OSError(f"the call's segment holds {size} bytes, fewer than its "
-                              f"payloads")
-            self._map = mmap.mmap(source, size, flags=_MAP_FLAGS)
+            extent = _extent(payloads)
+            if extent > status.st_size:
+                raise OSError(f"the call's segment holds {status.st_size} bytes, fewer "
+                              f"than its payloads")
+            self._map = mmap.mmap(source, extent, flags=_MAP_FLAGS)
         finally:
             os.close(source)
         whole = memoryview(self._map)
         self._views = [whole[offset:offset + length] for offset, length, _ in payloads]
         whole.release()
         self._kinds = [kind for _, _, kind in payloads]
+        self.forked = False  # the task forked while viewing it (see _before_fork)
+        current_call = self
 
     def load(self, stream: Any) -> Any:
         return _load(stream, self._views, self._kinds)
 
     def release(self) -> None:
         """Close the view, once the task and its result let go of the arguments. If the
-        task kept one (an array stored in a global), the segment is marked kept, and the
-        parent never reuses it: this view holds its memory until the worker exits."""
+        task kept one (an array stored in a global), or forked a process that may still
+        view them, the segment is marked kept, and the parent never reuses it: the view
+        holds its memory until the objects that use it are gone."""
+        global current_call
+        current_call = None
         # Dropped, not released: an unpickled object may hold one of them itself (a
         # buffer protocol 5 handed over as it is), and would find it dead.
         self._views = []
+        if self.forked:
+            self._map[0] = 1
         try:
             self._map.close()
         except BufferError:
-            self._map[0] = 1
-            _kept_views.append(self._map)  # kept, as the task's objects still see it
+            import gc
+            gc.collect()  # what a cycle in the task's garbage held (a traceback, say)
+            try:
+                self._map.close()
+            except BufferError:
+                # Kept: marked so, and left to close itself with the last object that
+                # views it.
+                self._map[0] = 1
 
 
-_kept_views: list[mmap.mmap] = []
+current_call: CallView | None = None  # the call the worker runs, if it has a segment
 
 
 # --- results: the parent lends, the worker writes, the parent views -----------------------
 
 class LoanDesk:
     """The parent's side of one worker's loans: the segment lent to it for its next large
-    result, and the desk (a ``memfd`` of 8 bytes) through which the worker learns which it
-    is: ``generation << 32 | descriptor``. The dispatcher thread alone uses it."""
+    result, and the desk (a ``memfd`` of 16 bytes) through which the worker learns which it
+    is: ``generation << 32 | descriptor``, then its inode. The dispatcher thread alone
+    uses it."""
 
     def __init__(self) -> None:
         self.fd = os.memfd_create("pool-desk")
-        os.ftruncate(self.fd, 8)
+        os.ftruncate(self.fd, _DESK.size)
         self.loan: Segment | None = None
         self.generation = 0
         self._hint = 0  # the size of the worker's last large result
@@ -534,18 +604,21 @@ class LoanDesk:
         return fds + [self.loan.fd] if self.loan is not None else fds
 
     def lend(self) -> None:
-        """Lend the worker a segment for its next large result (none if this process may
-        not have more: its results go through the pipe until the next)."""
+        """Lend the worker a segment for its next large result, if it has none: an idle
+        one not much larger than its last large result, or a new one, empty until the
+        worker grows it (so an idle worker holds no memory it did not ask for). None if
+        this process may not have more: its results go through the pipe until the next."""
         if self.loan is None:
-            self.loan = cache.take(self._hint)
+            self.loan = cache.take(self._hint, most=2 * self._hint + _STEP)
             if self.loan is not None:
                 self.generation += 1
-                word = self.generation << 32 | self.loan.fd
-                os.pwrite(self.fd, word.to_bytes(8, "little"), 0)
+                os.pwrite(self.fd, _DESK.pack(self.generation << 32 | self.loan.fd,
+                                              self.loan.ino), 0)
 
     def load_result(self, body: Any) -> Any:
         """Unpickle a result whose payloads are in the segment lent to this worker; the
-        worker gets another loan. Raises MalformedFrame if it is not that segment."""
+        worker gets another loan. Raises MalformedFrame if it is not that segment, or its
+        payloads lie where the worker never wrote."""
         data = memoryview(body)[len(MARKER):]
         loan = self.loan
         if loan is None:
@@ -555,25 +628,30 @@ class LoanDesk:
         if (fd, ino, generation) != (loan.fd, loan.ino, self.generation):
             raise MalformedFrame(f"a result in segment {fd} (generation {generation}), "
                                  f"not the one lent ({loan.fd}, {self.generation})")
+        extent = _extent(payloads)
+        # A hole: pages never written, which mapping would make this process allocate.
+        if os.lseek(loan.fd, 0, os.SEEK_HOLE) < min(extent, size):
+            raise MalformedFrame(f"a result whose {extent} bytes were never all written")
         self.loan = None
-        loan.size = self._hint = size
+        loan.size = size
+        self._hint = extent
         if loan.view is not None:  # it may have grown: mapped again when next written
             loan.view.close()
             loan.view = None
         try:
-            view = mmap.mmap(loan.fd, size, flags=_MAP_FLAGS)
+            view = mmap.mmap(loan.fd, extent, flags=_MAP_FLAGS)
         except OSError as exc:  # no address space for it: as a reply with no memory
             cache.give_back(loan)
             self.lend()
-            raise NoRoom(f"no memory for a reply of {size} bytes "
+            raise NoRoom(f"no memory for a reply of {extent} bytes "
                          f"({type(exc).__name__}: {exc})") from None
-        whole = memoryview(view)
-        views = [whole[offset:offset + length] for offset, length, _ in payloads]
-        whole.release()
         try:
+            whole = memoryview(view)
+            views = [whole[offset:offset + length] for offset, length, _ in payloads]
+            whole.release()
             return _load(data[start:], views, [kind for _, _, kind in payloads])
         finally:
-            del views  # (not released: see CallView.release)
+            views = []  # (dropped, not released: see CallView.release)
             cache.give_back_when_unviewed(loan, view)
             self.lend()
 
@@ -589,6 +667,9 @@ class LoanDesk:
         self.fd = -1
 
 
+_DESK = struct.Struct("=QQ")  # generation << 32 | descriptor, inode
+
+
 class WorkerDesk:
     """The worker's side of its loans: reads which segment it may write a result into."""
 
@@ -598,8 +679,8 @@ class WorkerDesk:
         self._used = 0  # the generation of the loan last written into
         self._broken = False
 
-    def loan(self) -> tuple[int, int] | None:
-        """``(generation, descriptor in the parent)`` of an unused loan, or None."""
+    def loan(self) -> tuple[int, int, int] | None:
+        """``(generation, descriptor in the parent, inode)`` of an unused loan, or None."""
         if self._broken:
             return None
         if self._fd is None:
@@ -608,11 +689,11 @@ class WorkerDesk:
             except OSError:
                 self._broken = True  # the parent's descriptors are not ours to open
                 return None
-        word = int.from_bytes(os.pread(self._fd, 8, 0), "little")
+        word, ino = _DESK.unpack(os.pread(self._fd, _DESK.size, 0))
         generation = word >> 32
         if generation == 0 or generation == self._used:
             return None
-        return generation, word & 0xFFFFFFFF
+        return generation, word & 0xFFFFFFFF, ino
 
     def dump_result(self, value: Any, collector: type[list[Any]]) -> Buffers | None:
         """``value`` pickled with its large payloads written into the loan: ``[MARKER and
@@ -620,7 +701,7 @@ class WorkerDesk:
         loan = self.loan()
         if loan is None:
             return None
-        generation, fd = loan
+        generation, fd, ino = loan
         payloads: list[tuple[memoryview, int]] = []
         stream = collector()
         _pickler(pickle.Pickler)(stream, payloads).dump(value)
@@ -633,6 +714,8 @@ class WorkerDesk:
             return None
         try:
             status = os.fstat(target)
+            if status.st_ino != ino:  # not the loan (the desk was read as it changed)
+                return None
             if status.st_size < end:
                 os.ftruncate(target, -(-end // _STEP) * _STEP)
             view = mmap.mmap(target, end, flags=_MAP_FLAGS)

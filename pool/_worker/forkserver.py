@@ -1,6 +1,7 @@
-"""What the forkserver has imported before it forks a worker.
+"""What the forkserver has imported before it forks a worker, and starting a process with
+the stop signals held.
 
-Owns: nothing; one function.
+Owns: nothing; two functions.
 Runs in: a caller's thread, before a pool's first worker starts (``ProcessPool``,
 ``pool.dask``).
 Guarantees: modules are added to the forkserver's preload list only before the forkserver
@@ -18,7 +19,8 @@ reads them (checked on 3.11 to 3.15).
 
 from __future__ import annotations
 
-from typing import Any
+import signal
+from typing import Any, Callable
 
 from .. import _compat
 
@@ -30,3 +32,15 @@ def preload_in_forkserver(context: Any, *modules: str) -> None:
     missing = [name for name in modules if name not in preload]
     if missing:
         context.set_forkserver_preload(preload + missing)
+
+
+def start_holding_stop_signals(start: Callable[[], None], stop_signals: frozenset[int]
+                               ) -> None:
+    """``start()`` (which starts a process) with ``stop_signals`` blocked in this thread,
+    so that the process, and a forkserver the start launches, inherits the block (see
+    ``_worker.handle._start_holding_stop_signals`` for why, and who unblocks them)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    try:
+        start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
