@@ -432,28 +432,75 @@ def _read_envelope(data: Any, limit: int | None = None
     return (pid, fd, ino, generation), payloads, end
 
 
-def _load(stream: Any, views: list[memoryview], kinds: list[int]) -> Any:
-    """Unpickle ``stream`` whose payloads are ``views``: buffers as they are (an array
-    becomes a view of the segment), ``bytes`` and ``bytearray`` copied out."""
+def _load(stream: Any, fd: int, payloads: list[tuple[int, int, int]],
+          views: list[memoryview | None]) -> Any:
+    """Unpickle ``stream`` whose payloads are in the segment ``fd``: a buffer as the view
+    of it in ``views`` (an array becomes a view of the segment), ``bytes`` and
+    ``bytearray`` read out of it (they own their memory: one copy, with no mapping)."""
     file = stream if hasattr(stream, "read") else io.BytesIO(stream)
-    unpickler = pickle.Unpickler(file, buffers=[v for v, k in zip(views, kinds)
-                                                if k == _BUFFER])
-
+    unpickler = pickle.Unpickler(file, buffers=[view for view in views if view is not None])
     loaded: dict[int, Any] = {}  # one object per payload, as it was sent
 
     def persistent_load(index: Any) -> Any:
-        if not isinstance(index, int) or not 0 <= index < len(views):
+        if not isinstance(index, int) or not 0 <= index < len(payloads):
             raise pickle.UnpicklingError(f"no payload {index!r}")
-        kind = kinds[index]
+        offset, length, kind = payloads[index]
         if kind == _BUFFER:
             raise pickle.UnpicklingError(f"payload {index} is a buffer, not bytes")
         value = loaded.get(index)
         if value is None:
-            value = loaded[index] = (bytes if kind == _BYTES else bytearray)(views[index])
+            value = loaded[index] = _read(fd, offset, length, kind)
         return value
 
     unpickler.persistent_load = persistent_load  # type: ignore[method-assign]
     return unpickler.load()
+
+
+# The most Linux reads or writes in one call.
+_MOST_PER_CALL = 0x7FFFF000
+
+
+def _read(fd: int, offset: int, length: int, kind: int) -> bytes | bytearray:
+    """A ``bytes`` or ``bytearray`` payload, read from its segment."""
+    if kind == _BYTES and length <= _MOST_PER_CALL:
+        data = os.pread(fd, length, offset)
+        if len(data) != length:
+            raise pickle.UnpicklingError(f"a payload of {length} bytes cut short")
+        return data
+    target = bytearray(length)
+    view = memoryview(target)
+    done = 0
+    while done < length:
+        count = os.preadv(fd, [view[done:done + _MOST_PER_CALL]], offset + done)
+        if count <= 0:
+            raise pickle.UnpicklingError(f"a payload of {length} bytes cut short")
+        done += count
+    view.release()
+    return target if kind == _BYTEARRAY else bytes(target)
+
+
+def _write(fd: int, offset: int, payload: memoryview) -> None:
+    done, length = 0, payload.nbytes
+    while done < length:
+        done += os.pwritev(fd, [payload[done:done + _MOST_PER_CALL]], offset + done)
+
+
+def _buffers_extent(payloads: list[tuple[int, int, int]]) -> int:
+    """What must be mapped of a segment: up to its last buffer payload's end, rounded up
+    to a page (0: none, so nothing is mapped: ``bytes`` are read)."""
+    buffers = [p for p in payloads if p[2] == _BUFFER]
+    return _extent(buffers) if buffers else 0
+
+
+def _views(mapping: mmap.mmap | None, payloads: list[tuple[int, int, int]]
+           ) -> list[memoryview | None]:
+    if mapping is None:
+        return [None] * len(payloads)
+    whole = memoryview(mapping)
+    views = [whole[offset:offset + length] if kind == _BUFFER else None
+             for offset, length, kind in payloads]
+    whole.release()
+    return views
 
 
 # --- calls: the parent copies in, the worker views ----------------------------------------
@@ -533,28 +580,27 @@ class CallView:
 
     def __init__(self, envelope: Any) -> None:
         global current_call
-        (pid, fd, ino, _), payloads, _ = _read_envelope(envelope)
-        source = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
+        (pid, fd, ino, _), self._payloads, _ = _read_envelope(envelope)
+        self._fd = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR)
         try:
-            status = os.fstat(source)
+            status = os.fstat(self._fd)
             if status.st_ino != ino:
                 raise OSError(f"descriptor {fd} of pid {pid} is no longer the call's segment")
-            extent = _extent(payloads)
-            if extent > status.st_size:
+            if _extent(self._payloads) > status.st_size:
                 raise OSError(f"the call's segment holds {status.st_size} bytes, fewer "
                               f"than its payloads")
-            self._map = mmap.mmap(source, extent, flags=_MAP_FLAGS)
-        finally:
-            os.close(source)
-        whole = memoryview(self._map)
-        self._views = [whole[offset:offset + length] for offset, length, _ in payloads]
-        whole.release()
-        self._kinds = [kind for _, _, kind in payloads]
+            extent = _buffers_extent(self._payloads)
+            self._map = (mmap.mmap(self._fd, extent, flags=_MAP_FLAGS) if extent
+                         else None)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self._views = _views(self._map, self._payloads)
         self.forked = False  # the task forked while viewing it (see _before_fork)
         current_call = self
 
     def load(self, stream: Any) -> Any:
-        return _load(stream, self._views, self._kinds)
+        return _load(stream, self._fd, self._payloads, self._views)
 
     def release(self) -> None:
         """Close the view, once the task and its result let go of the arguments. If the
@@ -563,9 +609,12 @@ class CallView:
         holds its memory until the objects that use it are gone."""
         global current_call
         current_call = None
+        os.close(self._fd)
         # Dropped, not released: an unpickled object may hold one of them itself (a
         # buffer protocol 5 handed over as it is), and would find it dead.
         self._views = []
+        if self._map is None:  # bytes only: read out, nothing views the segment
+            return
         if self.forked:
             self._map[0] = 1
         try:
@@ -638,21 +687,24 @@ class LoanDesk:
         if loan.view is not None:  # it may have grown: mapped again when next written
             loan.view.close()
             loan.view = None
+        mapped = _buffers_extent(payloads)
         try:
-            view = mmap.mmap(loan.fd, extent, flags=_MAP_FLAGS)
+            view = mmap.mmap(loan.fd, mapped, flags=_MAP_FLAGS) if mapped else None
         except OSError as exc:  # no address space for it: as a reply with no memory
             cache.give_back(loan)
             self.lend()
             raise NoRoom(f"no memory for a reply of {extent} bytes "
                          f"({type(exc).__name__}: {exc})") from None
         try:
-            whole = memoryview(view)
-            views = [whole[offset:offset + length] for offset, length, _ in payloads]
-            whole.release()
-            return _load(data[start:], views, [kind for _, _, kind in payloads])
+            return _load(data[start:], loan.fd, payloads, _views(view, payloads))
+        except MemoryError as exc:  # a bytes payload this process has no room for
+            raise NoRoom(f"no memory for a reply of {extent} bytes "
+                         f"({type(exc).__name__}: {exc})") from None
         finally:
-            views = []  # (dropped, not released: see CallView.release)
-            cache.give_back_when_unviewed(loan, view)
+            if view is None:
+                cache.give_back(loan)  # read out: nothing views it
+            else:
+                cache.give_back_when_unviewed(loan, view)
             self.lend()
 
     def close(self, *, worker_gone: bool) -> None:
@@ -718,12 +770,8 @@ class WorkerDesk:
                 return None
             if status.st_size < end:
                 os.ftruncate(target, -(-end // _STEP) * _STEP)
-            view = mmap.mmap(target, end, flags=_MAP_FLAGS)
-            try:
-                for (payload, _), offset in zip(payloads, offsets):
-                    view[offset:offset + payload.nbytes] = payload
-            finally:
-                view.close()
+            for (payload, _), offset in zip(payloads, offsets):
+                _write(target, offset, payload)
         finally:
             os.close(target)
         self._used = generation
