@@ -12,9 +12,10 @@ the same start method):
 - throughput at each worker count: no-op tasks submitted and collected one by one, and
   ``map`` with the pool's own default chunks (an executor's is 1; ``multiprocessing.Pool``
   picks its own), in tasks/s;
-- per idle worker: the parent's resident memory (its growth from no worker to all of
-  them, divided by their number), each worker's own resident memory, and the CPU the
-  parent and its workers use while nothing runs (percent of one core);
+- per idle worker: the parent's resident memory and open descriptors (their growth from
+  no worker to all of them, divided by their number: a few KiB, so within the noise of
+  the allocator), each worker's own resident memory, and the CPU the parent and its
+  workers use while nothing runs (percent of one core);
 - at 2 workers, no-op tasks/s for ``map`` of 1,000 up to 1,000,000 tasks (chunksize 1,
   the input read lazily where the pool can: ``buffersize``), and the parent's peak
   resident memory growth over the run. The stdlib's executor is measured up to 100,000
@@ -121,13 +122,18 @@ def throughput(kind: Kind, workers: int, ctx: Any, tasks: int) -> dict[str, floa
             f"{workers} workers: map default chunks, tasks/s": map_rate}
 
 
+def _descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
 def idle_cost(kind: Kind, workers: int, ctx: Any, seconds: float = 2.0) -> dict[str, float]:
-    before = _rss()
+    before, descriptors = _rss(), _descriptors()
     p = kind.start(workers, ctx)
     try:
         pids = kind.workers(p, workers)
         time.sleep(0.3)
         parent = (_rss() - before) / workers
+        parent_fds = (_descriptors() - descriptors) / workers
         worker = statistics.mean(_rss(pid) for pid in pids)
         cpu0 = time.process_time() + sum(_cpu_seconds(pid) for pid in pids)
         time.sleep(seconds)
@@ -135,6 +141,7 @@ def idle_cost(kind: Kind, workers: int, ctx: Any, seconds: float = 2.0) -> dict[
     finally:
         kind.stop(p)
     return {f"{workers} workers: parent KiB per worker": parent / 1024,
+            f"{workers} workers: parent descriptors per worker": parent_fds,
             f"{workers} workers: worker RSS, MiB": worker / 2**20,
             f"{workers} workers: idle CPU, % of a core": 100 * (cpu1 - cpu0) / seconds}
 

@@ -70,8 +70,6 @@ def worker_events(worker: WorkerHandle, decoded_errors: list[BaseException]
                   ) -> Iterator[WorkerEvent]:
     """The events in what has arrived from ``worker``, decoded as they are taken."""
     replies: list[tuple[int, object]] = []
-    if worker.desk is not None and worker.desk.loan is None:
-        worker.desk.lend()  # none could be had when it last needed one: try again
     for frame in worker.read():
         kind = frame.kind
         if kind is Kind.RESULT or kind is Kind.RAISED:

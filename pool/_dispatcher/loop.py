@@ -295,6 +295,11 @@ class Loop:
             self._performer.perform(tell(self._machine, index, worker, event, self.name))
             if worker.misbehaved:
                 return
+        if worker.desk is not None and worker.desk.loan is None:
+            # Its large result came in the segment it was lent (or none could be had):
+            # another, now that the tasks replied to have let go of their calls' segments,
+            # which can be lent again with their pages already touched.
+            worker.desk.lend()
 
     def _worker_exited(self, index: int, worker: WorkerHandle) -> None:
         """Reap a worker whose sentinel fired, and tell the machine how it ended."""

@@ -665,9 +665,9 @@ class LoanDesk:
                                               self.loan.ino), 0)
 
     def load_result(self, body: Any) -> Any:
-        """Unpickle a result whose payloads are in the segment lent to this worker; the
-        worker gets another loan. Raises MalformedFrame if it is not that segment, or its
-        payloads lie where the worker never wrote."""
+        """Unpickle a result whose payloads are in the segment lent to this worker, which
+        then has none until ``lend``. Raises MalformedFrame if it is not that segment, or
+        its payloads lie where the worker never wrote."""
         data = memoryview(body)[len(MARKER):]
         loan = self.loan
         if loan is None:
@@ -692,7 +692,6 @@ class LoanDesk:
             view = mmap.mmap(loan.fd, mapped, flags=_MAP_FLAGS) if mapped else None
         except OSError as exc:  # no address space for it: as a reply with no memory
             cache.give_back(loan)
-            self.lend()
             raise NoRoom(f"no memory for a reply of {extent} bytes "
                          f"({type(exc).__name__}: {exc})") from None
         try:
@@ -705,7 +704,6 @@ class LoanDesk:
                 cache.give_back(loan)  # read out: nothing views it
             else:
                 cache.give_back_when_unviewed(loan, view)
-            self.lend()
 
     def close(self, *, worker_gone: bool) -> None:
         """The worker has exited (``worker_gone``: its views went with it, so the loan can
