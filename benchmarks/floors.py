@@ -14,8 +14,9 @@ Prints medians over N rounds of:
 - with numpy installed, a 64 MiB array there and back through one-copy shared memory
   (``memfd_create``, pickle protocol 5 buffers, the receiver mapping the sender's
   descriptor through ``/proc/PID/fd``), side by side with the stdlib's
-  ``ProcessPoolExecutor`` in the same run. This is the design a zero-copy transport would
-  have; it is measured here, not used by pool (see README, "Where the rest goes").
+  ``ProcessPoolExecutor`` in the same run. pool's own transport (``pool/_wire/segments.py``)
+  goes further: its segments are reused, so their pages are already touched, and an array
+  arrives as a view (docs/benchmarks.rst, "Large data").
 Linux only for the memfd rows. Stdlib only, plus numpy for the last row.
 """
 
