@@ -20,7 +20,7 @@ from typing import (TYPE_CHECKING, Any, AsyncGenerator, Callable, Iterable, Iter
                     ParamSpec, TypeVar)
 
 from ._wire import pickling as _pickling
-from ._first_task import before_first_task, start_forkserver_early
+from ._first_task import before_first_task
 from ._futures import PoolFuture, failed_future
 from ._options import POOL_DEFAULT, checked_options, seconds
 from ._stdlib_attributes import StdlibAttributes
@@ -95,7 +95,6 @@ class ProcessPool(StdlibAttributes, Executor):
                                   max_memory_per_child=max_memory_per_child,
                                   idle_timeout=idle_timeout, stop_grace=stop_grace,
                                   terminate_grace=terminate_grace, kill_grace=kill_grace)
-        start_forkserver_early(options.mp_context)  # beside the imports that follow
         from ._dispatcher.front import Dispatcher
         self._task_timeout = options.task_timeout
         # These two as the stdlib names them; the others that code reads: StdlibAttributes.

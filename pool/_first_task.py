@@ -2,8 +2,7 @@
 task: the checks that fail at once where workers would not work, and the preparations
 that make every worker start cheaper.
 
-Owns: ``WORKER_MODULES``, the modules a worker imports, which a forkserver imports for it,
-and the forkserver's early start (``start_forkserver_early``).
+Owns: ``WORKER_MODULES``, the modules a worker imports, which a forkserver imports for it.
 Runs in: a caller's thread, in the first ``submit``, ``map`` or ``amap`` of a pool (and,
 for ``WORKER_MODULES``, ``pool.dask`` before its pools start).
 Guarantees: a main script without its ``__main__`` guard fails here, with the fix, and
@@ -19,8 +18,7 @@ import importlib
 import sys
 from typing import Any
 
-from . import _compat
-from ._worker.forkserver import preload_in_forkserver, start_holding_stop_signals
+from ._worker.forkserver import preload_in_forkserver
 from ._worker.main_guard import check_main_is_guarded, remember_main_script
 
 # A worker's own modules: a forkserver imports them once, before it forks any worker,
@@ -31,29 +29,9 @@ from ._worker.main_guard import check_main_is_guarded, remember_main_script
 # Under fork the parent imports those too (see before_first_task).
 WORKER_MODULES = ("pool._worker.main",)
 TASK_MODULES = ("pool._errors", "cloudpickle", "tblib.pickling_support")
-
-
-def start_forkserver_early(mp_context: Any) -> None:
-    """Under forkserver, start the forkserver as the pool is made, before the pool imports
-    its own machinery: the forkserver's start (an interpreter, and its preloads) then runs
-    beside those imports instead of after them (a script's first result: 90 ms -> 70 ms,
-    benchmarks/startup.py). Only where the first task's check would pass: a forkserver
-    imports the main script, and one without its ``__main__`` guard would run again there
-    (the first ``submit`` says so, as before)."""
-    if mp_context.get_start_method() != "forkserver" or _compat.forkserver_pid() is not None:
-        return
-    try:
-        check_main_is_guarded("forkserver")
-    except RuntimeError:
-        return
-    preload_in_forkserver(mp_context, *WORKER_MODULES)
-    from multiprocessing import forkserver
-
-    from ._worker.main import STOP_SIGNALS
-    # As a worker's start would have started it: a Ctrl-C or SIGTERM to the program's
-    # group must not end it (see _worker.handle._start_holding_stop_signals).
-    _compat.start_resource_tracker()
-    start_holding_stop_signals(forkserver.ensure_running, STOP_SIGNALS)
+# Imported by the dispatcher thread after its first turn (see _dispatcher.loop): under fork,
+# before any fork instead, as the modules above.
+FORK_MODULES = (*TASK_MODULES, "pool._stats")
 
 
 def before_first_task(mp_context: Any) -> None:
@@ -68,7 +46,7 @@ def before_first_task(mp_context: Any) -> None:
         # What a worker imports when a task first needs it, imported here, before any
         # fork: a fork while another thread of this process imports a module leaves
         # the child that module's import lock, held by a thread it does not have.
-        for name in WORKER_MODULES + TASK_MODULES:
+        for name in WORKER_MODULES + FORK_MODULES:
             importlib.import_module(name)
     # What the program printed before its first task comes out before what workers
     # print. The stdlib flushes before each start; the pool's thread does not, since a

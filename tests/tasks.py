@@ -805,13 +805,16 @@ def write_bad_segment_result():
     time.sleep(30)
 
 
-def fork_viewing(b, gate, path):
+def fork_viewing(b, gate, path, escape=False):
     """Fork a child that checks its view of the argument once ``gate`` exists (after the
     task has ended and the parent has sent more calls), writing "same" or "changed" to
-    ``path``; return at once."""
+    ``path``; return at once. With ``escape``, the child leaves the worker's process group
+    (as a daemon does), so that ending the worker's group does not end it."""
     expected = checksum(memoryview(b.data))
     if os.fork() == 0:
         try:
+            if escape:
+                os.setsid()
             wait_for_file(gate, timeout=60)
             same = checksum(memoryview(b.data)) == expected
             with open(path + ".tmp", "w") as f:
@@ -847,3 +850,10 @@ class _Sized:
 
 def same_object(pair):
     return pair[0] is pair[1], pair
+
+
+def fork_viewing_then_hang(b, gate, path):
+    """fork_viewing (its child escaping the group), then hang: the task's timeout kills the
+    worker and its group before it replies."""
+    fork_viewing(b, gate, path, escape=True)
+    time.sleep(60)

@@ -218,6 +218,34 @@ def test_a_view_a_task_forked_with_is_never_written_again(tmp_path):
         assert seen.read() == "same"
 
 
+@pytest.mark.skipif(not _platform.SHARED_MEMORY, reason="shared memory only: forks")
+def test_a_view_a_task_forked_with_stays_so_when_its_worker_is_killed(tmp_path):
+    gate, path = str(tmp_path / "gate"), str(tmp_path / "seen")
+    with pool.ProcessPool(1, mp_context=__import__("multiprocessing").get_context("fork")) as p:
+        with pytest.raises(pool.TaskTimeout):
+            p.schedule(tasks.fork_viewing_then_hang, (tasks.blob(MiB, 1), gate, path),
+                       timeout=1).result()
+        for fill in range(2, 12):
+            p.submit(tasks.blob_facts, tasks.blob(MiB, fill)).result()
+        open(gate, "w").close()
+        assert wait_until(lambda: os.path.exists(path), 60)  # (it left the worker's group)
+    with open(path) as seen:
+        assert seen.read() == "same"
+
+
+def test_a_program_whose_segments_workers_may_not_open_sends_through_the_pipe(tmp_path):
+    facts, _ = run_script("""
+        import ctypes
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0: /proc/PID/fd closed
+        with pool.ProcessPool(1, mp_context=CTX) as p:
+            sent = tasks.blob(1 << 20, 5)
+            facts = p.submit(tasks.blob_facts, sent).result(60)
+        report(arrived_as=facts[0], size=facts[1])
+    """, "forkserver", tmp_path)
+    assert facts == {"arrived_as": "bytearray", "size": MiB, "children_left": [],
+                     "threads_left": []}
+
+
 @pytest.mark.skipif(not _platform.SHARED_MEMORY, reason="shared memory only: loans")
 def test_a_result_over_pages_never_written_fails_its_task_and_the_parent_allocates_none():
     def rss() -> int:
@@ -256,9 +284,17 @@ def test_idle_segments_go_back_to_the_system_while_the_pool_stays_open(monkeypat
     with pool.ProcessPool(1) as p:
         for fill in range(5):
             p.submit(tasks.blob_facts, tasks.blob(MiB, fill)).result()
-        # What is left is the worker's loan: no idle segment, however long the pool waits.
+        for fill in range(3):  # results: the worker's loan then holds memory
+            p.submit(tasks.blob, MiB, fill).result()
+        # What is left is the worker's loan, taken back and replaced by an empty one while
+        # the worker is idle: no idle segment, no memory held, however long the pool waits.
+        (worker,) = p._dispatcher._loop._workers.values()
+        assert wait_until(lambda: worker.desk.loan.size == 0, 10), worker.desk.loan.size
         assert wait_until(lambda: segments.cache.idle_bytes() == 0, 10)
         assert wait_until(lambda: segments.cache.count <= 1, 10), segments.cache.count
+        # And the worker still gets its large results through shared memory.
+        back = p.submit(tasks.blob, MiB, 9).result()
+        assert type(memoryview(back.data).obj).__name__ == "mmap"
 
 
 @pytest.mark.skipif(not _platform.SHARED_MEMORY, reason="shared memory only: fork and views")

@@ -12,8 +12,11 @@ Why not ``dataclasses``: a program's first pool imports about thirty value types
 ``dataclasses`` cost it 13 ms to import (it imports ``inspect``) and half a millisecond
 per class, a third of what a short script waited for its first result. Here a class
 costs a twentieth of that: only its ``__init__`` is compiled, the rest is shared.
-Assumes: no value type inherits from another, and none uses ``ClassVar`` or
-``__post_init__``.
+Assumes: no value type inherits from another, and none uses ``ClassVar``,
+``__post_init__``, ``super()`` or ``__class__`` in a method (the class is made anew). It
+differs from ``dataclasses`` where pool does not care: ``__eq__`` does not first compare the
+fields' identities (a NaN field makes a value unequal to itself), ``repr`` has no guard
+against recursion, and a mutable default is not refused.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ def _made(cls: type[Any], *, frozen: bool, eq: bool, repr: bool) -> type[Any]:
     namespace["__setstate__"] = _setstate(tuple(names))
     made: type[Any] = type(cls.__name__, cls.__bases__, namespace)
     made.__qualname__ = cls.__qualname__
-    made.__value_fields__ = tuple(names)  # type: ignore[attr-defined]
+    made.__value_fields__ = tuple(names)
     return made
 
 

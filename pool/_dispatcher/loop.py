@@ -106,6 +106,8 @@ class Loop:
         self._workers = self._performer.workers  # read here; the performer changes it
         warn_if_descriptors_short(self.name, max_workers)
         self._decoded_errors: list[BaseException] = []  # this turn's; see release_frames
+        # When to take back the loans of idle workers (_wire.segments.LoanDesk.take_back).
+        self._loans_due: float | None = None
         self._injected_fault: BaseException | None = None  # tests: make the loop fail
         self._wakeup: Wakeup | None = None
 
@@ -138,12 +140,16 @@ class Loop:
             while not (self._machine.closed and not self._reaper.watching):
                 self._turn()
                 if first:  # it started the workers
+                    first = False
                     # What stats() needs, imported while they start: not before
                     # (dataclasses cost a script's first result 13 ms), nor when first
                     # asked (a program out of descriptors could not open the module).
-                    from .. import _stats
-                    del _stats  # (imported for the module to be loaded)
-                    first = False
+                    # Under fork it was imported before any fork (_first_task).
+                    try:
+                        from .. import _stats
+                        del _stats  # (imported for the module to be loaded)
+                    except (ImportError, OSError):
+                        pass  # imported when first needed, then
         except BaseException as exc:  # the firewall: never a hang, never a silent death
             self._fail_everything(exc)
         finally:
@@ -168,7 +174,10 @@ class Loop:
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         timeout = self._reaper.wait_timeout(timeout)
         if segments.cache.count:  # idle shared memory goes back to the system in time
-            if (trim_at := segments.cache.trim()) is not None:
+            trim_at = segments.cache.trim()
+            if self._loans_due is not None:
+                trim_at = self._loans_due if trim_at is None else min(trim_at, self._loans_due)
+            if trim_at is not None:
                 wait_trim = max(0.0, trim_at - time.monotonic())
                 timeout = wait_trim if timeout is None else min(timeout, wait_trim)
         ready: set[int] = set(wait(self._watched(), timeout))  # type: ignore[arg-type]
@@ -260,10 +269,15 @@ class Loop:
         """Tick the machine if what was due first when this turn began (``due``) has
         come. A deadline set during the turn lies after the moment it was set, and the
         next turn's wait ends by then, so it is not missed; ticking every turn would cost
-        passes over the slots for every batch of replies."""
-        if due is not None and time.monotonic() >= due:
+        passes over the slots for every batch of replies. Idle workers' loans are taken
+        back once due."""
+        now = time.monotonic()
+        if due is not None and now >= due:
             self._performer.perform(self._machine.tick())
         self._reaper.check_groups()
+        if self._loans_due is not None and now >= self._loans_due:
+            self._loans_due = (now + segments.IDLE_SECONDS
+                               if self._performer.take_back_idle_loans() else None)
 
     def flush_sends(self) -> None:
         """Write every frame queued this turn (so replies read in one batch are answered in
@@ -298,8 +312,11 @@ class Loop:
         if worker.desk is not None and worker.desk.loan is None:
             # Its large result came in the segment it was lent (or none could be had):
             # another, now that the tasks replied to have let go of their calls' segments,
-            # which can be lent again with their pages already touched.
+            # which can be lent again with their pages already touched. Taken back if the
+            # worker is idle when it is due (take_back_idle_loans).
             worker.desk.lend()
+            if self._loans_due is None and worker.desk.loan is not None:
+                self._loans_due = time.monotonic() + segments.IDLE_SECONDS
 
     def _worker_exited(self, index: int, worker: WorkerHandle) -> None:
         """Reap a worker whose sentinel fired, and tell the machine how it ended."""

@@ -167,8 +167,10 @@ class Performer:
         """Fail a task with the error its cause calls for, and count how it ended."""
         submission = self.submissions.pop(action.task_id)
         exited = action.exited
-        if exited is not None and (exited.exitcode is None or exited.group_left):
-            segments.retire(submission.body)  # what is left of the worker may still view it
+        if exited is None or exited.exitcode is None or exited.group_left:
+            # Its worker may still view the call's segment: alive (it misbehaved), not
+            # reaped, or with processes left in its group.
+            segments.retire(submission.body)
         cause = action.cause
         outcome = Outcome.FAILED
         if cause is FailCause.BROKEN:  # Broken came first and set the error
@@ -220,6 +222,8 @@ class Performer:
         if it was already marked running: a task taken back unread from a worker's pipe."""
         submission = self.submissions.pop(task_id)
         self.counters.ended(Outcome.STOPPED if ran else Outcome.CANCELLED)
+        if ran:  # its worker was ended, but how is not told here: what it left may view it
+            segments.retire(submission.body)
         submission.future._end_cancelled()
 
     def _departed(self, action: WorkerGone) -> None:
@@ -292,6 +296,22 @@ class Performer:
             segments.retire(submission.body)
             self._end_unrun(submission, copy_error(error))
         self.submissions.clear()
+
+    def take_back_idle_loans(self) -> bool:
+        """Take back the segments lent to workers with nothing in flight, where they hold
+        memory (``_wire.segments.LoanDesk.take_back``). True if a busy worker still holds
+        one: ask again later."""
+        held = False
+        for index, worker in self.workers.items():
+            desk = worker.desk
+            if desk is None or desk.loan is None or not desk.loan.size:
+                continue
+            if (self._machine.running_task(index) is None and not worker.outbox
+                    and worker.writer is None):
+                desk.take_back()
+            else:
+                held = True
+        return held
 
     def kill_all(self) -> None:
         """SIGKILL every worker and its process group (the loop failed)."""

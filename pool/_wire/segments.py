@@ -96,13 +96,30 @@ class LargePayload(Exception):
 
 
 def enabled() -> bool:
-    return _platform.SHARED_MEMORY and _OPENABLE
+    return _platform.SHARED_MEMORY
 
 
-# A worker opens its parent's segments through /proc/PID/fd, which the kernel allows only
-# while the parent is "dumpable": not so for a program started setuid or setgid.
-_OPENABLE = (not hasattr(os, "geteuid")
-             or (os.getuid() == os.geteuid() and os.getgid() == os.getegid()))
+def openable() -> bool:
+    """Whether a worker may open this process's segments: through /proc/PID/fd, which the
+    kernel allows only while this process is "dumpable". Not so for a program started
+    setuid or setgid, one that changed its user or group, or one that said so
+    (``prctl(PR_SET_DUMPABLE, 0)``). Asked once, when a call first has a large payload."""
+    global _openable
+    if _openable is None:
+        _openable = _dumpable()
+    return _openable
+
+
+_openable: bool | None = None
+
+
+def _dumpable() -> bool:
+    try:
+        import ctypes
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        return bool(prctl(3, 0, 0, 0, 0) == 1)  # PR_GET_DUMPABLE: 1, this user may look
+    except (ImportError, OSError, AttributeError):
+        return os.getuid() == os.geteuid() and os.getgid() == os.getegid()
 
 
 # --- segments and their cache (the parent) -------------------------------------------------
@@ -129,6 +146,7 @@ class Segment:
             raise
 
     def grow(self, size: int) -> None:
+        self.size = max(self.size, os.fstat(self.fd).st_size)  # a worker may have grown it
         if size > self.size:
             size = -(-size // _STEP) * _STEP
             if self.view is not None:
@@ -210,7 +228,7 @@ class SegmentCache:
                 if segment is not None:
                     self._idle.remove(segment)
                     self._idle_bytes -= segment.size
-                elif len(self._live) >= MAX_SEGMENTS:
+                elif len(self._live) >= _most_segments():
                     return None
                 else:
                     try:
@@ -254,7 +272,7 @@ class SegmentCache:
         now = time.monotonic() if now is None else now
         if not self._returned and (self._next_trim is None or now < self._next_trim):
             return self._next_trim if not self._viewed else now + IDLE_SECONDS
-        if not self._lock.acquire(blocking=False):
+        if not self._lock.try_acquire(0):  # (its promise: the try follows at once)
             return now + IDLE_SECONDS
         try:
             if not self._busy:
@@ -319,6 +337,23 @@ class SegmentCache:
             segment.fd = -1
 
 
+def _most_segments() -> int:
+    """``MAX_SEGMENTS``, or a quarter of this process's descriptor limit if that is less:
+    each segment holds a descriptor, which the program and the workers' pipes need too."""
+    global _descriptor_share
+    if _descriptor_share is None:
+        try:
+            import resource
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            _descriptor_share = MAX_SEGMENTS if soft == resource.RLIM_INFINITY else soft // 4
+        except (ImportError, OSError, ValueError):
+            _descriptor_share = MAX_SEGMENTS
+    return min(MAX_SEGMENTS, _descriptor_share)
+
+
+_descriptor_share: int | None = None
+
+
 def _size(segment: Segment) -> int:
     return segment.size
 
@@ -341,7 +376,7 @@ def _new_cache_in_child() -> None:
 def _before_fork() -> None:
     cache.before_fork()
     if current_call is not None:  # a task forks while it views its arguments: the child
-        current_call.forked = True  # may read them after the task ends
+        current_call.mark_kept()   # may read them after the task ends, or outlive it
 
 
 if hasattr(os, "register_at_fork"):
@@ -532,7 +567,7 @@ def dump_call(obj: Any, base: type[Any], collector: type[list[Any]]) -> Buffers 
     if not payloads:  # large, but not a buffer (a long str): the stream carries it
         return list(stream)
     offsets, end = _layout(payloads, _CALL_HEADER)
-    segment = cache.take(end)
+    segment = cache.take(end) if openable() else None
     if segment is None:
         return None
     try:
@@ -596,11 +631,16 @@ class CallView:
             os.close(self._fd)
             raise
         self._views = _views(self._map, self._payloads)
-        self.forked = False  # the task forked while viewing it (see _before_fork)
         current_call = self
 
     def load(self, stream: Any) -> Any:
         return _load(stream, self._fd, self._payloads, self._views)
+
+    def mark_kept(self) -> None:
+        """Never to be reused: another process, or an object of the task's, may view it.
+        Written at once, so it holds even if this worker is killed before it replies."""
+        if self._map is not None and not self._map.closed:
+            self._map[0] = 1
 
     def release(self) -> None:
         """Close the view, once the task and its result let go of the arguments. If the
@@ -615,8 +655,6 @@ class CallView:
         self._views = []
         if self._map is None:  # bytes only: read out, nothing views the segment
             return
-        if self.forked:
-            self._map[0] = 1
         try:
             self._map.close()
         except BufferError:
@@ -627,7 +665,7 @@ class CallView:
             except BufferError:
                 # Kept: marked so, and left to close itself with the last object that
                 # views it.
-                self._map[0] = 1
+                self.mark_kept()
 
 
 current_call: CallView | None = None  # the call the worker runs, if it has a segment
@@ -649,8 +687,9 @@ class LoanDesk:
         self._hint = 0  # the size of the worker's last large result
 
     def fds(self) -> list[int]:
-        fds = [self.fd]
-        return fds + [self.loan.fd] if self.loan is not None else fds
+        """Its own: the loan is a segment, which a forked child closes with the others
+        (``SegmentCache.close_in_child``), once."""
+        return [self.fd]
 
     def lend(self) -> None:
         """Lend the worker a segment for its next large result, if it has none: an idle
@@ -658,11 +697,24 @@ class LoanDesk:
         worker grows it (so an idle worker holds no memory it did not ask for). None if
         this process may not have more: its results go through the pipe until the next."""
         if self.loan is None:
-            self.loan = cache.take(self._hint, most=2 * self._hint + _STEP)
-            if self.loan is not None:
-                self.generation += 1
-                os.pwrite(self.fd, _DESK.pack(self.generation << 32 | self.loan.fd,
-                                              self.loan.ino), 0)
+            self._hand_over(cache.take(self._hint, most=2 * self._hint + _STEP))
+
+    def take_back(self) -> None:
+        """The worker has nothing in flight (so it is not writing into its loan: it reads
+        its desk only as it replies): if its loan holds memory, it gets an empty one in
+        its place, and the memory goes back to the cache, to be reused or returned to the
+        system in time."""
+        loan = self.loan
+        if loan is not None and loan.size:
+            self.loan = None
+            cache.give_back(loan)
+            self._hand_over(cache.take(0, most=0))
+
+    def _hand_over(self, loan: Segment | None) -> None:
+        self.loan = loan
+        if loan is not None:
+            self.generation += 1
+            os.pwrite(self.fd, _DESK.pack(self.generation << 32 | loan.fd, loan.ino), 0)
 
     def load_result(self, body: Any) -> Any:
         """Unpickle a result whose payloads are in the segment lent to this worker, which
@@ -711,6 +763,7 @@ class LoanDesk:
         if self.loan is not None:
             if not worker_gone:
                 self.loan.retired = True  # never reused
+            self.loan.size = max(self.loan.size, os.fstat(self.loan.fd).st_size)
             cache.give_back(self.loan)
             self.loan = None
         os.close(self.fd)

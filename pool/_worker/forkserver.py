@@ -1,7 +1,6 @@
-"""What the forkserver has imported before it forks a worker, and starting a process with
-the stop signals held.
+"""What the forkserver has imported before it forks a worker.
 
-Owns: nothing; two functions.
+Owns: nothing; one function.
 Runs in: a caller's thread, before a pool's first worker starts (``ProcessPool``,
 ``pool.dask``).
 Guarantees: modules are added to the forkserver's preload list only before the forkserver
@@ -19,8 +18,7 @@ reads them (checked on 3.11 to 3.15).
 
 from __future__ import annotations
 
-import signal
-from typing import Any, Callable
+from typing import Any
 
 from .. import _compat
 
@@ -32,15 +30,3 @@ def preload_in_forkserver(context: Any, *modules: str) -> None:
     missing = [name for name in modules if name not in preload]
     if missing:
         context.set_forkserver_preload(preload + missing)
-
-
-def start_holding_stop_signals(start: Callable[[], None], stop_signals: frozenset[int]
-                               ) -> None:
-    """``start()`` (which starts a process) with ``stop_signals`` blocked in this thread,
-    so that the process, and a forkserver the start launches, inherits the block (see
-    ``_worker.handle._start_holding_stop_signals`` for why, and who unblocks them)."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
-    try:
-        start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -36,7 +36,6 @@ from .. import _compat, _platform
 from .._wire import frames as _frames, limits as _limits, pipes as _pipes
 from .._wire import segments as _segments
 from . import progress as _progress, teardown as _teardown
-from .forkserver import start_holding_stop_signals
 from .._wire.frames import Frame, FrameReader, Kind
 from .progress import ItemProgress
 from .main import (DUMP_SIGNAL, STOP_SIGNALS, InheritedFd, Initializer, WorkerSetup,
@@ -165,7 +164,11 @@ def _start_holding_stop_signals(process: Any, method: str | None) -> None:
             and worker_main.__module__ not in _compat.forkserver_preload()):
         process.start()
         return
-    start_holding_stop_signals(process.start, STOP_SIGNALS)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _release_failed_start(exc: BaseException) -> None:
