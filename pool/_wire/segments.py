@@ -473,7 +473,6 @@ def _load(stream: Any, fd: int, payloads: list[tuple[int, int, int]],
     of it in ``views`` (an array becomes a view of the segment), ``bytes`` and
     ``bytearray`` read out of it (they own their memory: one copy, with no mapping)."""
     file = stream if hasattr(stream, "read") else io.BytesIO(stream)
-    unpickler = pickle.Unpickler(file, buffers=[view for view in views if view is not None])
     loaded: dict[int, Any] = {}  # one object per payload, as it was sent
 
     def persistent_load(index: Any) -> Any:
@@ -487,8 +486,21 @@ def _load(stream: Any, fd: int, payloads: list[tuple[int, int, int]],
             value = loaded[index] = _read(fd, offset, length, kind)
         return value
 
-    unpickler.persistent_load = persistent_load  # type: ignore[method-assign]
-    return unpickler.load()
+    buffers = [view for view in views if view is not None]
+    return _SegmentUnpickler(file, buffers, persistent_load).load()
+
+
+class _SegmentUnpickler(pickle.Unpickler):
+    """An unpickler whose persistent ids are a segment's payloads. (A method of a subclass:
+    from Python 3.13 an Unpickler's ``persistent_load`` cannot be set on the object.)"""
+
+    def __init__(self, file: Any, buffers: list[memoryview],
+                 load_payload: Any) -> None:
+        super().__init__(file, buffers=buffers)
+        self._load_payload = load_payload
+
+    def persistent_load(self, pid: Any) -> Any:
+        return self._load_payload(pid)
 
 
 # The most Linux reads or writes in one call.
