@@ -797,11 +797,11 @@ def write_bad_segment_result():
     """A RESULT frame that says its payloads are in a segment, with an envelope that
     points past the segment's end."""
     import struct
-    from pool._wire import frames as _frames, segments as _segments
+    from pool._wire import frames as _frames, payloads as _payloads
     from pool._worker import main as _worker
     envelope = struct.pack("!IIQQI", 0, 99999, 1, 1, 1) + struct.pack("!QQB", 1 << 40, 64, 0)
     _frames.write_frame(_worker._reply_fd, _frames.Kind.RESULT, _worker._current_task_id,
-                        _segments.MARKER + envelope + pickle.dumps(None))
+                        _payloads.MARKER + envelope + pickle.dumps(None))
     time.sleep(30)
 
 
@@ -828,16 +828,16 @@ def fork_viewing(b, gate, path, escape=False):
 def write_sparse_segment_result(size):
     """A RESULT frame whose envelope points at ``size`` bytes of the lent segment that
     were never written (the segment only grown to hold them)."""
-    from pool._wire import frames as _frames, segments as _segments
+    from pool._wire import frames as _frames, loans as _loans, payloads as _payloads
     from pool._worker import main as _worker
-    desk = _segments.worker_desk
+    desk = _loans.worker_desk
     generation, fd, ino = desk.loan()
     target = os.open(f"/proc/{desk.parent_pid}/fd/{fd}", os.O_RDWR)
     os.ftruncate(target, size)
     os.close(target)
-    envelope = _segments._envelope(0, fd, ino, generation, [(_Sized(size), 0)], [0])
+    envelope = _payloads.envelope(0, fd, ino, generation, [(_Sized(size), 0)], [0])
     _frames.write_frame(_worker._reply_fd, _frames.Kind.RESULT, _worker._current_task_id,
-                        _segments.MARKER + envelope + pickle.dumps(None))
+                        _payloads.MARKER + envelope + pickle.dumps(None))
     time.sleep(30)
 
 

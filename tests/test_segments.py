@@ -1,4 +1,4 @@
-"""Large payloads through shared memory (``pool/_wire/segments.py``): what travels there and
+"""Large payloads through shared memory (``pool/_wire/segments.py`` and its siblings): what travels there and
 how it arrives, what the caller and the task may keep, and that deaths, timeouts and
 floods leave nothing behind. Where the platform has no shared memory for pool
 (``POOL_PORTABLE=1``, not Linux), the same tests check the pipe path instead."""
@@ -15,7 +15,7 @@ import pool
 import tasks
 from helpers import START_METHODS, full_volume, run_script, wait_until
 from pool import _platform
-from pool._wire import frames as _frames, pickling as _pickling, segments
+from pool._wire import frames as _frames, payloads, pickling as _pickling, segments, shared_calls
 
 MiB = 1 << 20
 # What a buffer arrives as: a view of a segment, or a copy out of the pipe.
@@ -104,12 +104,12 @@ def test_a_result_envelope_outside_its_segment_fails_the_task_and_replaces_the_w
 
 
 def test_an_envelope_is_checked_before_any_of_it_is_trusted():
-    good = segments._envelope(1, 2, 3, 4, [(memoryview(b"x" * 10), 0)], [64])
-    assert segments._read_envelope(good, 100)[1] == [(64, 10, 0)]
+    good = payloads.envelope(1, 2, 3, 4, [(memoryview(b"x" * 10), 0)], [64])
+    assert payloads.read_envelope(good, 100)[1] == [(64, 10, 0)]
     for bad, limit in [(good, 70), (good[:-3], 100), (good[:10], 100),
                        (good[:-1] + bytes([9]), 100)]:  # (no such kind)
         with pytest.raises(_frames.MalformedFrame):
-            segments._read_envelope(bad, limit)
+            payloads.read_envelope(bad, limit)
 
 
 def test_large_payloads_go_through_the_pipe_when_no_segment_may_be_had(monkeypatch):
@@ -124,7 +124,7 @@ def test_large_payloads_go_through_the_pipe_when_no_segment_may_be_had(monkeypat
 def test_without_shared_memory_large_payloads_take_the_pipe(monkeypatch):
     monkeypatch.setattr(_platform, "SHARED_MEMORY", False)
     parts = _pickling.dumps_arguments(len, (tasks.blob(MiB),), {})
-    assert not any(type(part) is segments.SharedRef for part in parts)
+    assert not any(type(part) is shared_calls.SharedRef for part in parts)
     (sent,), _ = pickle.loads(b"".join(parts))
     assert len(sent.data) == MiB
 
@@ -133,7 +133,7 @@ def test_without_shared_memory_large_payloads_take_the_pipe(monkeypatch):
 def test_a_call_holds_its_segment_until_it_ends_and_gives_it_back_after():
     before = segments.cache.count
     parts = _pickling.dumps_arguments(len, (tasks.blob(MiB),), {})
-    (ref,) = [part for part in parts if type(part) is segments.SharedRef]
+    (ref,) = [part for part in parts if type(part) is shared_calls.SharedRef]
     assert segments.cache.count == before + 1 and ref.segment.size >= MiB
     del parts, ref  # no dispatcher runs: it is closed at once
     assert segments.cache.count == before
@@ -293,7 +293,9 @@ def test_idle_segments_go_back_to_the_system_while_the_pool_stays_open(monkeypat
         # What is left is the worker's loan, taken back and replaced by an empty one while
         # the worker is idle: no idle segment, no memory held, however long the pool waits.
         (worker,) = p._dispatcher._loop._workers.values()
-        assert wait_until(lambda: worker.desk.loan.size == 0, 10), worker.desk.loan.size
+        # (Read from this thread while the dispatcher works: a loan may be between hands.)
+        assert wait_until(lambda: (loan := worker.desk.loan) is not None and loan.size == 0,
+                          10)
         assert wait_until(lambda: segments.cache.idle_bytes() == 0, 10)
         assert wait_until(lambda: segments.cache.count <= 1, 10), segments.cache.count
         # And the worker still gets its large results through shared memory.

@@ -154,5 +154,6 @@ def _refuse_assignment(self: Any, name: str, *value: Any) -> None:
 def replace(value: T, **changes: Any) -> T:
     """A copy of ``value`` (a value type's) with ``changes``."""
     cls = type(value)
-    current = {name: getattr(value, name) for name in cls.__value_fields__}  # type: ignore[attr-defined]
+    names = cls.__value_fields__  # type: ignore[attr-defined]
+    current = {name: getattr(value, name) for name in names}
     return cls(**{**current, **changes})

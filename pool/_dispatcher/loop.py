@@ -106,7 +106,7 @@ class Loop:
         self._workers = self._performer.workers  # read here; the performer changes it
         warn_if_descriptors_short(self.name, max_workers)
         self._decoded_errors: list[BaseException] = []  # this turn's; see release_frames
-        # When to take back the loans of idle workers (_wire.segments.LoanDesk.take_back).
+        # When to take back the loans of idle workers (_wire.loans.LoanDesk.take_back).
         self._loans_due: float | None = None
         self._injected_fault: BaseException | None = None  # tests: make the loop fail
         self._wakeup: Wakeup | None = None

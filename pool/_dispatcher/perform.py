@@ -34,7 +34,7 @@ from .._core.machine import StateMachine
 from .._core.start_failures import MAX_START_FAILURES
 from .._errors import WorkerDied, WorkerProtocolError, copy_error, describe_exit
 from .._counts import Counters, Outcome
-from .._wire import segments
+from .._wire import shared_calls
 from .._worker import teardown
 from .._worker.handle import WorkerHandle
 from .._worker.main import Initializer
@@ -170,7 +170,7 @@ class Performer:
         if exited is None or exited.exitcode is None or exited.group_left:
             # Its worker may still view the call's segment: alive (it misbehaved), not
             # reaped, or with processes left in its group.
-            segments.retire(submission.body)
+            shared_calls.retire(submission.body)
         cause = action.cause
         outcome = Outcome.FAILED
         if cause is FailCause.BROKEN:  # Broken came first and set the error
@@ -223,7 +223,7 @@ class Performer:
         submission = self.submissions.pop(task_id)
         self.counters.ended(Outcome.STOPPED if ran else Outcome.CANCELLED)
         if ran:  # its worker was ended, but how is not told here: what it left may view it
-            segments.retire(submission.body)
+            shared_calls.retire(submission.body)
         submission.future._end_cancelled()
 
     def _departed(self, action: WorkerGone) -> None:
@@ -293,13 +293,13 @@ class Performer:
         """The loop failed: end every task it took in with ``error``. Their workers are
         killed after, so no call's segment is reused: a worker may still view it."""
         for submission in self.submissions.values():
-            segments.retire(submission.body)
+            shared_calls.retire(submission.body)
             self._end_unrun(submission, copy_error(error))
         self.submissions.clear()
 
     def take_back_idle_loans(self) -> bool:
         """Take back the segments lent to workers with nothing in flight, where they hold
-        memory (``_wire.segments.LoanDesk.take_back``). True if a busy worker still holds
+        memory (``_wire.loans.LoanDesk.take_back``). True if a busy worker still holds
         one: ask again later."""
         held = False
         for index, worker in self.workers.items():

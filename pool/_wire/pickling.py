@@ -18,7 +18,7 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import segments
+from . import loans, payloads, segments, shared_calls
 from .exceptions import decode_exception, encode_exception
 from .frames import BodyReader, Buffers, Frame, Kind, MalformedFrame, Unreceivable
 from .picklers import (PROTOCOL, Borrow, SharingBorrow, SharingSnapshot, Snapshot,
@@ -143,7 +143,7 @@ def dumps_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
 def _dump_shared(obj: Any, pickler_class: type[Any]) -> Buffers:
     """``obj`` with its large payloads in a segment, or wholly in the pipe's body if this
     process may have no more segments."""
-    body = segments.dump_call(obj, pickler_class, Snapshot)
+    body = shared_calls.dump_call(obj, pickler_class, Snapshot)
     return body if body is not None else dump(obj, Snapshot, pickler_class)
 
 
@@ -177,7 +177,7 @@ def _said(exc: BaseException) -> str:
 
 
 def encode_call(fn_blob: bytes, args: Buffers) -> Buffers:
-    if type(args[0]) is segments.SharedRef:  # kept as a part: it holds the segment
+    if type(args[0]) is shared_calls.SharedRef:  # kept as a part: it holds the segment
         return [_FN_LENGTH.pack(len(fn_blob) | _IN_SEGMENT) + fn_blob, *args]
     head = _FN_LENGTH.pack(len(fn_blob)) + fn_blob
     if len(args) == 1:  # the usual small call: one buffer, one iovec
@@ -195,8 +195,8 @@ def decode_call(body: Any) -> tuple[bytes | memoryview, Any, Any]:
         fn_blob = body.read(fn_length & ~_IN_SEGMENT)
         envelope = None
         if fn_length & _IN_SEGMENT:
-            envelope = body.read(segments.ENVELOPE_HEAD)
-            envelope += body.read(segments.envelope_length(envelope) - len(envelope))
+            envelope = body.read(payloads.ENVELOPE_HEAD)
+            envelope += body.read(payloads.envelope_length(envelope) - len(envelope))
         return fn_blob, body, envelope
     view = memoryview(body)
     (fn_length,) = _FN_LENGTH.unpack_from(view)
@@ -204,11 +204,11 @@ def decode_call(body: Any) -> tuple[bytes | memoryview, Any, Any]:
     end = start + (fn_length & ~_IN_SEGMENT)
     if not fn_length & _IN_SEGMENT:
         return view[start:end], view[end:], None
-    envelope_end = end + segments.envelope_length(view[end:])
+    envelope_end = end + payloads.envelope_length(view[end:])
     return view[start:end], view[envelope_end:], view[end:envelope_end]
 
 
-def load_arguments(source: Any, call: segments.CallView | None = None) -> Any:
+def load_arguments(source: Any, call: shared_calls.CallView | None = None) -> Any:
     """Unpickle the arguments part of ``decode_call``: from memory, or from the pipe; with
     ``call``, the view of the call's segment, its payloads from there."""
     if call is not None:
@@ -231,7 +231,7 @@ def encode_result(value: Any, *, copied: bool = False) -> tuple[Kind, Buffers]:
     which is closed before the reply is written). Large payloads go into the segment the
     parent lent this worker, if it has one."""
     collector: type[list[Any]] = Snapshot if copied else Borrow
-    desk = segments.worker_desk
+    desk = loans.worker_desk
     # BaseException throughout: a user __reduce__ runs here, and even its SystemExit must
     # fail only this result, not end the worker.
     try:
@@ -262,7 +262,7 @@ def encode_result(value: Any, *, copied: bool = False) -> tuple[Kind, Buffers]:
         return Kind.RAISED, [encode_exception(exc)]
 
 
-def decode_outcome(frame: Frame, desk: segments.LoanDesk | None = None
+def decode_outcome(frame: Frame, desk: loans.LoanDesk | None = None
                    ) -> tuple[bool, Any]:
     """``(True, value)`` or ``(False, exception)`` for a RESULT or RAISED frame; ``desk``
     is the worker's, for a result whose payloads are in the segment it was lent.
@@ -277,7 +277,7 @@ def decode_outcome(frame: Frame, desk: segments.LoanDesk | None = None
         return False, error
     if frame.kind is Kind.RESULT:
         try:
-            if frame.body[:1] != segments.MARKER:
+            if frame.body[:1] != payloads.MARKER:
                 return True, pickle.loads(frame.body)
             if desk is None:
                 raise MalformedFrame("a result in a segment, from a worker lent none")

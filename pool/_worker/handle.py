@@ -34,7 +34,7 @@ from typing import Any, Callable, NamedTuple
 
 from .. import _compat, _platform
 from .._wire import frames as _frames, limits as _limits, pipes as _pipes
-from .._wire import segments as _segments
+from .._wire import loans as _loans
 from . import progress as _progress, teardown as _teardown
 from .._wire.frames import Frame, FrameReader, Kind
 from .progress import ItemProgress
@@ -190,7 +190,7 @@ class WorkerHandle:
                  reclaim_fd: int | None, on_write_done: Callable[[], None],
                  no_crash_file: str = "", count_fd: int | None = None,
                  progress_fd: int | None = None,
-                 desk: _segments.LoanDesk | None = None) -> None:
+                 desk: _loans.LoanDesk | None = None) -> None:
         self.process = process
         self.pid: int = process.pid
         self.sentinel: int = process.sentinel
@@ -256,7 +256,7 @@ class WorkerHandle:
             desk = None
             if _platform.SHARED_MEMORY:
                 try:
-                    desk = _segments.LoanDesk()
+                    desk = _loans.LoanDesk()
                 except OSError:
                     pass  # its large results go through the pipe
                 else:

@@ -44,7 +44,7 @@ from multiprocessing import util as _util
 
 from .. import _compat, _exit, _platform, _shake
 from .._wire import exceptions as _exceptions, frames as _frames, pickling as _pickling
-from .._wire import pipes as _pipes, segments as _segments
+from .._wire import loans as _loans, pipes as _pipes, shared_calls as _shared_calls
 from .streams import drop_inherited_output
 from .._wire.frames import Kind
 
@@ -275,7 +275,7 @@ def worker_main(setup: WorkerSetup) -> None:
     _progress_fd = None if setup.progress_fd is None else setup.progress_fd.fd
     _progress_in_memory, _progress_pid = setup.progress_in_memory, os.getpid()
     if setup.desk is not None:  # where the parent lends segments for large results
-        _segments.worker_desk = _segments.WorkerDesk(*setup.desk)
+        _loans.worker_desk = _loans.WorkerDesk(*setup.desk)
     threading.Thread(target=_watch_parent, name="pool-worker-watchdog", daemon=True,
                      args=(setup.lifeline_fd.fd,)).start()
 
@@ -409,13 +409,13 @@ class _ResidentMemory:
 
 
 def _run_call(functions: _FunctionCache, body: Any) -> tuple[Kind, bytes | _frames.Buffers]:
-    call: _segments.CallView | None = None  # the view of the call's segment, if it has one
+    call: _shared_calls.CallView | None = None  # the view of the call's segment, if it has one
     try:
         try:
             fn_blob, args_source, envelope = _pickling.decode_call(body)
             fn = functions.get(fn_blob)
             if envelope is not None:
-                call = _segments.CallView(envelope)
+                call = _shared_calls.CallView(envelope)
             args, kwargs = _pickling.load_arguments(args_source, call)
         finally:
             if isinstance(body, _frames.BodyReader):
