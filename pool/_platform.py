@@ -43,8 +43,8 @@ The mechanisms, who uses them, and what runs without them:
 ``MEMFD`` (Linux, FreeBSD 13+): ``memfd_create`` for a worker's crash-report file
     (``_worker.teardown``). Without: a temp file, mode 0600, unlinked at once.
 ``SHARED_MEMORY`` (Linux): large payloads of a call or a result travel through shared
-    memory (``_wire.segments``): ``memfd_create``, and ``/proc/PID/fd`` to open another
-    process's segment. Without: through the pipe, as every other byte.
+    memory (``_wire.segments`` and its siblings): ``memfd_create``, and ``/proc/PID/fd``
+    to open another process's segment. Without: through the pipe, as every other byte.
 ``CPU_AFFINITY`` (Linux): ``sched_getaffinity`` for the default worker count on Python
     3.11-3.12 (``_options``; 3.13+ asks ``os.process_cpu_count``). Without:
     ``os.cpu_count()``.

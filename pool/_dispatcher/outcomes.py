@@ -161,7 +161,7 @@ def _limit_hint(exc: BaseException) -> str:
 
 # What each worker holds open in the parent: its task pipe, a second reader of it, its
 # reply pipe, its crash report, its progress file, its sentinel, its loan desk and the
-# segment lent to it (_wire.segments), and a spare for a large frame's writer.
+# segment lent to it (_wire.loans), and a spare for a large frame's writer.
 PARENT_DESCRIPTORS_PER_WORKER = 9
 
 

@@ -207,7 +207,7 @@ class WorkerHandle:
         self.crash_fd = crash_fd
         self._no_crash_file = no_crash_file  # why there is no crash_fd, if there is none
         self.progress_fd = progress_fd  # where a chunk records its items (_worker.progress)
-        # The segment lent to the worker for its next large result (_wire.segments).
+        # The segment lent to the worker for its next large result (_wire.loans).
         self.desk = desk
         self._forkserver: int | None = None  # the forkserver that started it, if one did
         self.start_error: BaseException | None = None  # from an INIT_FAILED frame

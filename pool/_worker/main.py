@@ -230,7 +230,7 @@ class WorkerSetup:
         self.crash_fd = crash_fd
         self.progress_fd = progress_fd  # where a chunk records its items (_worker.progress)
         self.progress_in_memory = progress_in_memory  # a memfd (else a file on disk)
-        # The parent's pid and its descriptor of this worker's loan desk (_wire.segments).
+        # The parent's pid and its descriptor of this worker's loan desk (_wire.loans).
         self.desk = desk
         self.initializer = initializer
         self.max_tasks = max_tasks
