@@ -68,8 +68,12 @@ def test_stopping_or_terminating_a_running_task_logs_nothing(ctx, caplog, tmp_pa
     assert wait_until(lambda: tasks.announced_pids(str(tmp_path)), 60)
     assert first.stop()
     assert wait_until(first.cancelled, 60)
-    second = p.submit(tasks.hang)
-    assert wait_until(second.running, 60)
+    # Started, not only sent: a call its worker has not read when the workers are ended
+    # never began, and ends cancelled (seen once under spawn on a loaded machine).
+    second_dir = tmp_path / "second"
+    second_dir.mkdir()
+    second = p.submit(tasks.hang, str(second_dir))
+    assert wait_until(lambda: tasks.announced_pids(str(second_dir)), 60)
     p.terminate_workers()
     assert isinstance(second.exception(60), pool.WorkerTerminated)
     assert deaths(caplog) == [] and caplog.records == [], [r.getMessage() for r in caplog.records]
