@@ -87,13 +87,19 @@ class Borrow(list):  # type: ignore[type-arg]
         self.append(data)
 
 
+def _stop_if_large(data: Any) -> None:
+    """Raise ``LargePayload`` for a write large enough for shared memory (the pickler
+    writes such a payload on its own, as the object itself or a buffer of it)."""
+    if (len(data) if type(data) is bytes else memoryview(data).nbytes) >= SHARED_ABOVE:
+        raise LargePayload
+
+
 class SharingSnapshot(Snapshot):
     """A ``Snapshot`` that stops the pickler at the first payload large enough for shared
     memory (``segments.LargePayload``): the object is then pickled for a segment."""
 
     def write(self, data: Any) -> None:
-        if (len(data) if type(data) is bytes else memoryview(data).nbytes) >= SHARED_ABOVE:
-            raise LargePayload
+        _stop_if_large(data)
         Snapshot.write(self, data)
 
 
@@ -102,8 +108,7 @@ class SharingBorrow(Borrow):
     memory, as ``SharingSnapshot``."""
 
     def write(self, data: Any) -> None:
-        if (len(data) if type(data) is bytes else memoryview(data).nbytes) >= SHARED_ABOVE:
-            raise LargePayload
+        _stop_if_large(data)
         Borrow.write(self, data)
 
 
