@@ -41,6 +41,7 @@ POINTS = {
     "loop.after_wait": "the loop was woken, before it looks at anything",
     "loop.before_exits": "replies delivered, before exited workers are handled",
     "loop.before_end": "the loop is done, before it tells the callers it ended",
+    "loop.after_end": "the callers were told the loop ended, before its thread returns",
     "front.before_wake": "a command was queued, before the loop is woken",
     # Waiting and resolving: any caller thread, and the thread that resolves a future.
     "latch.between_slices": "a caller waiting on a latch (a result, a join), between slices",

@@ -220,3 +220,23 @@ def test_a_short_shake(short_shake, path):
     assert not failed, "\n".join(
         f"{o.path}:{o.method}:{o.seed} (python tests/shake.py --replay it) {o.signal}: "
         f"{o.problems}\n{o.detail}" for o in failed)
+
+
+# The loop's thread tells the callers it ended, then returns: a delay between the two must
+# not let shutdown(wait=True) return with the thread still there. (CI's soak saw two
+# threads after a shutdown once, on a loaded machine.)
+SHUTDOWN_WITH_THE_LOOP_THREAD_SLOW_TO_RETURN = '''
+import os, threading
+os.environ["POOL_SHAKE"] = "at=loop.after_end:1"
+import pool
+if __name__ == "__main__":
+    with pool.ProcessPool(1) as p:
+        p.submit(abs, -1).result()
+        thread = p._dispatcher.thread
+    print(thread.is_alive(), threading.active_count())
+'''
+
+
+def test_shutdown_returns_once_the_loops_thread_is_gone(tmp_path):
+    code, out, err = run_to_the_end(SHUTDOWN_WITH_THE_LOOP_THREAD_SLOW_TO_RETURN, tmp_path)
+    assert (code, out) == (0, "False 1\n"), err

@@ -36,7 +36,7 @@ from .._core.states import InvalidTransition, Timeouts
 from .._errors import TaskInfo, copy_error
 from .._callbacks import CallbackRunner
 from .._futures import PoolFuture
-from .._latch import Latch
+from .._latch import Latch, join_interruptibly
 from .._locks import InterruptSafeLock
 from .._counts import Counters
 from .._wire import limits
@@ -289,6 +289,10 @@ class Dispatcher:
         if blocked:
             logger.warning("%s: not waiting for %d done-callback(s) still running",
                            self.name, len(blocked))
+        # The loop's thread told us it ended just before it returns; once it has, no
+        # thread of the pool's is left (as the stdlib joins its manager thread). All it
+        # does in between is resolve ``finished``, whose callbacks never block.
+        join_interruptibly(self._thread)
 
     def run_later(self, fn: Callable[[], object]) -> None:
         """Runs ``fn()`` on one of the pool's callback threads (``CallbackRunner.call``)."""

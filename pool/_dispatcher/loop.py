@@ -166,6 +166,8 @@ class Loop:
                         self._answer_leftovers()
                 finally:
                     self._front.signal_ended()
+                    if _shake.on:
+                        _shake.pause("loop.after_end")
 
     def _turn(self) -> None:
         if self._injected_fault is not None:
