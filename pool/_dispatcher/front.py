@@ -291,7 +291,10 @@ class Dispatcher:
                            self.name, len(blocked))
         # The loop's thread told us it ended just before it returns; once it has, no
         # thread of the pool's is left (as the stdlib joins its manager thread). All it
-        # does in between is resolve ``finished``, whose callbacks never block.
+        # does in between is resolve ``finished``, whose callbacks never block. Callers
+        # never join the thread while its loop runs (DESIGN, contract 9: a Ctrl-C inside
+        # the join can make 3.11 mark it stopped); once the loop has ended, that mark
+        # would change nothing.
         join_interruptibly(self._thread)
 
     def run_later(self, fn: Callable[[], object]) -> None:
