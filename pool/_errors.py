@@ -121,6 +121,14 @@ class _DescribedTask(TaskInfo):
         return (_DescribedTask, (self.task_id, self._name, self._text))
 
 
+def rename_task(error: BaseException, named: TaskInfo) -> None:
+    """Makes a task's ``WorkerDied`` or ``TaskTimeout`` name ``named`` instead of the task:
+    a face that ran several calls in one task names the call that was running."""
+    task = getattr(error, "task", None)
+    error.task = named  # type: ignore[attr-defined]
+    error.args = tuple(named if arg is task else arg for arg in error.args)
+
+
 def describe_exit(exitcode: int | None) -> str:
     """``exit code 3`` / ``signal SIGKILL (9)``, from a ``Process.exitcode``."""
     if exitcode is None:

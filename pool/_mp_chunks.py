@@ -29,7 +29,7 @@ from __future__ import annotations
 from concurrent.futures import CancelledError
 from typing import Any, Callable
 
-from ._errors import TaskInfo, TaskTimeout, copy_error
+from ._errors import TaskInfo, TaskTimeout, copy_error, rename_task
 from ._futures import PoolFuture
 from ._worker.progress import ITEM_PROGRESS, ItemProgress
 
@@ -149,9 +149,7 @@ class ChunkRun:
                 arguments = self._arguments_of(item)
             except Exception:  # (a starmap item that is not a sequence: as it was sent)
                 return
-            named = TaskInfo(task.task_id, task.fn, arguments, {})
-            error.task = named  # type: ignore[attr-defined]
-            error.args = tuple(named if arg is task else arg for arg in error.args)
+            rename_task(error, TaskInfo(task.task_id, task.fn, arguments, {}))
 
     def _submit_rest(self, rest: list[Any]) -> bool:
         """Submits the items after the one that failed; False if the pool will not run

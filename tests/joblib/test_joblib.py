@@ -1,0 +1,409 @@
+"""pool.joblib: joblib's ``Parallel`` on pool (the backend ``"pool"``).
+
+Each scenario runs in a child interpreter of its own, in a session of its own, under a hard
+timeout; after it ends the test checks that no process of that session is left. Calls and
+scenario meet through files, not sleeps. Run by tox's ``joblib`` environment (``pip install
+'sturdypool[joblib]'`` and scikit-learn), not the core matrix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from helpers import START_METHODS, TESTS_DIR, session_members, wait_until
+
+pytest.importorskip("joblib", reason="pool.joblib's tests need pip install 'sturdypool[joblib]'")
+
+HERE = Path(__file__).resolve().parent
+PRELUDE = (HERE / "joblib_scenario.py").read_text()
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def scenario(body: str, tmp_path: Path) -> Path:
+    script = tmp_path / "scenario.py"
+    script.write_text(PRELUDE + "\n\nif __name__ == '__main__':\n"
+                      + textwrap.indent(textwrap.dedent(body), "    "))
+    return script
+
+
+def environment(method: str) -> dict[str, str]:
+    return dict(os.environ, POOL_TEST_START_METHOD=method, PYTHONFAULTHANDLER="1",
+                POOL_TESTS_DIR=str(TESTS_DIR))
+
+
+def run_env(method: str, tmp_path: Path) -> dict[str, str]:
+    return dict(environment(method), SCENARIO_DIR=str(tmp_path))
+
+
+def run(body: str, tmp_path: Path, method: str = "forkserver", *, timeout: float = 100
+        ) -> tuple[dict[str, Any], str]:
+    """Runs a scenario; returns what it passed to ``report()`` and its stderr, once every
+    process of its session is confirmed gone."""
+    proc = subprocess.Popen([sys.executable, str(scenario(body, tmp_path))],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=run_env(method, tmp_path), cwd=str(tmp_path),
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)  # faulthandler writes every thread's stack
+        out, err = proc.communicate()
+        pytest.fail(f"the scenario did not end in {timeout} s\n{out}\n{err[-8000:]}")
+    finally:
+        gone = wait_until(lambda: not session_members(proc.pid), 15)
+        if not gone:
+            for pid in session_members(proc.pid):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{err[-8000:]}"
+    assert gone, "processes left behind"
+    reports = [line[len("REPORT "):] for line in out.splitlines() if line.startswith("REPORT ")]
+    assert reports, f"no report\n{out}\n{err[-8000:]}"
+    return json.loads(reports[-1]), err
+
+
+# -- the backend and joblib's conventions ------------------------------------------------
+
+def test_importing_pool_does_not_import_joblib_and_pool_joblib_registers_the_backend():
+    code = ("import sys, pool; print('joblib' in sys.modules); import pool.joblib, joblib; "
+            "print(joblib.parallel.BACKENDS['pool'].__name__)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.stdout.split() == ["False", "PoolBackend"], proc.stderr
+
+
+def test_parallel_runs_on_pool_with_each_return_as_and_batch_size(tmp_path):
+    facts, _ = run('''
+        me = os.getpid()
+        with parallel_config(backend="pool", n_jobs=2, start_method=METHOD):
+            as_list = Parallel()(delayed(square)(i) for i in range(50))
+            as_generator = Parallel(return_as="generator")(delayed(square)(i) for i in range(50))
+            assert not isinstance(as_generator, list)
+            ordered = list(as_generator)
+            unordered = list(Parallel(return_as="generator_unordered")(
+                delayed(square)(i) for i in range(50)))
+            batched = Parallel(batch_size=7)(delayed(square)(i) for i in range(50))
+            pids = set(Parallel()(delayed(pid_of)(i) for i in range(20)))
+        report(as_list=as_list, ordered=ordered, unordered=sorted(unordered),
+               batched=batched, in_parent=me in pids)
+    ''', tmp_path)
+    squares = [i * i for i in range(50)]
+    assert facts == dict(as_list=squares, ordered=squares, unordered=squares,
+                         batched=squares, in_parent=False)
+
+
+def test_n_jobs_follows_joblibs_rules(tmp_path):
+    facts, _ = run('''
+        from joblib import cpu_count
+        me = os.getpid()
+        with parallel_config(backend="pool"):
+            try:
+                Parallel(n_jobs=0)(delayed(square)(1) for _ in range(2))
+            except ValueError as error:
+                zero = str(error)
+            one = set(Parallel(n_jobs=1)(delayed(pid_of)() for _ in range(4)))
+            default = set(Parallel()(delayed(pid_of)() for _ in range(4)))
+            backend = pool.joblib.PoolBackend(nesting_level=0)
+        report(zero=zero, one_is_here=one == {me}, default_is_here=default == {me},
+               minus_one=backend.effective_n_jobs(-1) == cpu_count(),
+               minus_two=backend.effective_n_jobs(-2) == max(cpu_count() - 1, 1),
+               minus_many=backend.effective_n_jobs(-1000))
+    ''', tmp_path)
+    assert facts == dict(zero="n_jobs == 0 in Parallel has no meaning", one_is_here=True,
+                         default_is_here=True, minus_one=True, minus_two=True,
+                         minus_many=1)
+
+
+def test_an_unknown_option_is_refused_where_it_is_given(tmp_path):
+    facts, _ = run('''
+        try:
+            parallel_config(backend="pool", task_timout=5)
+        except TypeError as error:
+            told = str(error)
+        report(told=told)
+    ''', tmp_path)
+    assert facts["told"].startswith("joblib's 'pool' backend has no option 'task_timout'")
+
+
+def test_the_start_method_is_the_options(tmp_path):
+    facts, _ = run('''
+        me = os.getpid()
+        parents = {}
+        for method in ("spawn", "forkserver", "fork"):
+            with parallel_config(backend="pool", n_jobs=2, start_method=method):
+                parents[method] = set(Parallel()(delayed(parent_of)() for _ in range(4)))
+        report(spawn=parents["spawn"] == {me}, fork=parents["fork"] == {me},
+               forkserver=me not in parents["forkserver"])
+    ''', tmp_path)
+    assert facts == dict(spawn=True, fork=True, forkserver=True)
+
+
+def test_workers_are_reused_across_calls_and_a_new_configuration_ends_unused_pools(
+        tmp_path):
+    facts, _ = run('''
+        first = set(Parallel(n_jobs=2, backend="pool")(delayed(pid_of)() for _ in range(20)))
+        again = set(Parallel(n_jobs=2, backend="pool")(delayed(pid_of)() for _ in range(20)))
+        other = set(Parallel(n_jobs=2, backend="pool", max_tasks_per_child=100)(
+            delayed(pid_of)() for _ in range(20)))
+        gone = helpers.wait_until(lambda: not any(helpers.process_exists(p) for p in first))
+        report(reused=again <= first, other=not (other & first), gone=gone)
+    ''', tmp_path)
+    assert facts == dict(reused=True, other=True, gone=True)
+
+
+def test_idle_workers_end_after_idle_worker_timeout(tmp_path):
+    facts, _ = run('''
+        with parallel_config(backend="pool", n_jobs=2, idle_worker_timeout=0.5):
+            pids = set(Parallel()(delayed(pid_of)() for _ in range(10)))
+        gone = helpers.wait_until(lambda: not any(helpers.process_exists(p) for p in pids), 20)
+        report(gone=gone)
+    ''', tmp_path)
+    assert facts == dict(gone=True)
+
+
+def test_nested_calls_run_on_threads_of_their_worker_with_its_share_of_the_cores(
+        tmp_path):
+    facts, _ = run('''
+        from joblib import cpu_count
+        with parallel_config(backend="pool", n_jobs=2, start_method=METHOD):
+            found = Parallel()(delayed(nested)(4) for _ in range(2))
+            threads = Parallel()(delayed(thread_settings)() for _ in range(2))
+        with parallel_config(backend="pool", n_jobs=2, inner_max_num_threads=1):
+            one = Parallel()(delayed(thread_settings)() for _ in range(2))
+        share = str(max(cpu_count() // 2, 1))
+        report(backends=sorted({name for name, _, _ in found}),
+               in_worker=all(pids == [worker] for _, pids, worker in found),
+               env=sorted({env for env, _ in threads}) == [share],
+               native=all(counts in ([], [int(share)]) for _, counts in threads),
+               one=sorted({env for env, _ in one}) == ["1"])
+    ''', tmp_path)
+    assert facts == dict(backends=["ThreadingBackend"], in_worker=True, env=True,
+                         native=True, one=True)
+
+
+def test_thread_limits_reach_a_forked_worker_that_has_numpy_loaded(tmp_path):
+    facts, _ = run('''
+        import numpy  # loaded (with its BLAS) before the workers are forked
+        from threadpoolctl import threadpool_info
+        before = sorted({info["num_threads"] for info in threadpool_info()})
+        with parallel_config(backend="pool", n_jobs=2, start_method="fork",
+                             inner_max_num_threads=1):
+            threads = Parallel()(delayed(thread_settings)() for _ in range(2))
+        report(threads=sorted({tuple(counts) for _, counts in threads}), before=before)
+    ''', tmp_path)
+    assert facts["threads"] == [[1]] or facts["before"] == [], facts
+
+
+# -- deaths, timeouts and the first error ------------------------------------------------
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_a_death_is_one_named_workerdied_and_the_next_call_runs_at_once(method, tmp_path):
+    facts, err = run('''
+        with parallel_config(backend="pool", n_jobs=2, start_method=METHOD):
+            before = set(Parallel()(delayed(pid_of)() for _ in range(10)))
+            try:
+                Parallel()(delayed(segfault_at)(i, 5) for i in range(10))
+            except pool.WorkerDied as error:
+                died = error
+            after = Parallel()(delayed(square)(i) for i in range(10))
+            pools = len(pool.joblib._pools._entries)
+        report(text=str(died), signal=died.signal_name, call=died.task.call(),
+               pid_was_a_worker=died.pid in before, after=after, pools=pools)
+    ''', tmp_path, method)
+    assert facts["signal"] == "SIGSEGV"
+    assert facts["call"] == "__main__.segfault_at(5, 5)"
+    assert facts["pid_was_a_worker"] and facts["pools"] == 1
+    assert facts["after"] == [i * i for i in range(10)]
+    assert "in segfault_at" in facts["text"], facts["text"]  # the crash site's stack
+
+
+def test_a_death_in_a_batch_names_the_call_that_was_running(tmp_path):
+    facts, _ = run('''
+        with parallel_config(backend="pool", n_jobs=2):
+            try:
+                Parallel(batch_size=4)(delayed(segfault_at)(i, 6) for i in range(12))
+            except pool.WorkerDied as error:
+                died = error
+        report(call=died.task.call(), notes=died.__notes__)
+    ''', tmp_path)
+    assert facts == dict(call="__main__.segfault_at(6, 6)",
+                         notes=["(call 3 of a batch of 4: the calls before it had finished)"])
+
+
+def test_generator_unordered_yields_the_calls_that_finished_before_a_death(tmp_path):
+    """The dying call waits until the four before it were taken: they are delivered, and
+    the death then ends the generator. (joblib raises a call's error as soon as it is
+    known, and drops results not yet taken then, whatever the backend.)"""
+    facts, _ = run('''
+        d = os.environ["SCENARIO_DIR"]
+        calls = [delayed(square)(i) for i in range(4)]
+        calls.append(delayed(segfault_when)(os.path.join(d, "taken")))
+        got = []
+        with parallel_config(backend="pool", n_jobs=2):
+            try:
+                for value in Parallel(return_as="generator_unordered", batch_size=1)(calls):
+                    got.append(value)
+                    if len(got) == 4:
+                        open(os.path.join(d, "taken"), "w").close()
+            except pool.WorkerDied as error:
+                died = error.task.call()
+        report(got=sorted(got), died=died)
+    ''', tmp_path)
+    assert facts["got"] == [0, 1, 4, 9]
+    assert facts["died"].startswith("__main__.segfault_when(")
+
+
+def test_task_timeout_stops_the_call_and_names_it(tmp_path):
+    facts, _ = run('''
+        d = os.environ["SCENARIO_DIR"]
+        with parallel_config(backend="pool", n_jobs=2, task_timeout=1):
+            try:
+                Parallel()(delayed(mark_then_sleep)(d, f"call{i}", 0.1 if i else 600)
+                           for i in range(4))
+            except pool.TaskTimeout as error:
+                timed_out = error.task.call()
+            after = Parallel()(delayed(square)(i) for i in range(4))
+        stuck = pid_in(d, "call0")
+        report(timed_out=timed_out, stuck_gone=helpers.wait_until(
+            lambda: not helpers.process_exists(stuck)), after=after)
+    ''', tmp_path)
+    assert facts["timed_out"].startswith("__main__.mark_then_sleep(")
+    assert "'call0', 600)" in facts["timed_out"]
+    assert facts["stuck_gone"] and facts["after"] == [0, 1, 4, 9]
+
+
+@pytest.mark.parametrize("method", START_METHODS)
+def test_the_first_error_stops_running_calls_and_cancels_queued_ones(method, tmp_path):
+    facts, _ = run('''
+        d = os.environ["SCENARIO_DIR"]
+        def calls():
+            yield delayed(mark_then_sleep)(d, "long", 600)
+            yield delayed(fail_when)(os.path.join(d, "long"))  # the first is running
+            for i in range(20):
+                yield delayed(mark)(d, f"queued{i}")
+        started = time.monotonic()
+        with parallel_config(backend="pool", n_jobs=2, start_method=METHOD):
+            try:
+                Parallel(batch_size=1)(calls())
+            except ValueError as error:
+                failed = str(error)
+                notes = error.__notes__
+            long = pid_in(d, "long")
+            gone = helpers.wait_until(lambda: not helpers.process_exists(long))
+            after = Parallel()(delayed(square)(i) for i in range(4))
+        report(failed=failed, notes=notes, gone=gone, after=after,
+               seconds=time.monotonic() - started,
+               queued_ran=len([n for n in os.listdir(d) if n.startswith("queued")]))
+    ''', tmp_path, method)
+    assert facts["failed"] == "the other call is running"
+    assert "in fail_when" in facts["notes"][0] and "raise ValueError" in facts["notes"][0]
+    assert facts["gone"] and facts["after"] == [0, 1, 4, 9]
+    assert facts["queued_ran"] < 20 and facts["seconds"] < 60, facts
+
+
+def test_parallel_timeout_raises_and_stops_the_running_call(tmp_path):
+    facts, _ = run('''
+        d = os.environ["SCENARIO_DIR"]
+        with parallel_config(backend="pool", n_jobs=2):
+            Parallel()(delayed(square)(i) for i in range(4))  # the workers are up
+            try:
+                Parallel(timeout=1)(delayed(mark_then_sleep)(d, f"c{i}", 600) for i in range(2))
+            except multiprocessing.TimeoutError:  # (joblib's, as with loky)
+                raised = True
+            pids = [pid_in(d, f"c{i}") for i in range(2)]
+            gone = helpers.wait_until(lambda: not any(map(helpers.process_exists, pids)))
+        report(raised=raised, gone=gone)
+    ''', tmp_path)
+    assert facts == dict(raised=True, gone=True)
+
+
+def test_max_tasks_and_max_memory_per_child_replace_workers(tmp_path):
+    facts, _ = run('''
+        with parallel_config(backend="pool", n_jobs=2, max_tasks_per_child=1):
+            one_each = Parallel(batch_size=1)(delayed(pid_of)() for _ in range(6))
+        with parallel_config(backend="pool", n_jobs=2, max_memory_per_child=200 << 20):
+            capped = Parallel(batch_size=1)(delayed(hold_memory)(300) for i in range(4))
+        report(one_each=len(set(one_each)), capped=len(set(capped)))
+    ''', tmp_path)
+    assert facts == dict(one_each=6, capped=4)
+
+
+def test_a_ctrl_c_during_parallel_ends_every_process(tmp_path):
+    script = scenario('''
+        d = os.environ["SCENARIO_DIR"]
+        with parallel_config(backend="pool", n_jobs=2):
+            try:
+                Parallel()(delayed(mark_then_sleep)(d, f"c{i}", 600) for i in range(4))
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+                raise
+    ''', tmp_path)
+    env = run_env("forkserver", tmp_path)
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path),
+                            start_new_session=True)
+    try:
+        assert wait_until(lambda: (tmp_path / "c0").exists() and (tmp_path / "c1").exists(),
+                          60)
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert out == "interrupted\n", err
+    assert proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert wait_until(lambda: not session_members(proc.pid), 15), session_members(proc.pid)
+
+
+# -- what travels ------------------------------------------------------------------------
+
+def test_functions_of_a_main_that_workers_cannot_import_go_by_value(tmp_path):
+    code = textwrap.dedent('''
+        import pool.joblib
+        from joblib import Parallel, delayed, parallel_config
+        def cube(x):
+            return x ** 3
+        with parallel_config(backend="pool", n_jobs=2):
+            print(Parallel()(delayed(cube)(i) for i in range(5)),
+                  Parallel()(delayed(lambda x: -x)(i) for i in range(3)))
+    ''')
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, cwd=str(tmp_path))
+    assert proc.stdout == "[0, 1, 8, 27, 64] [0, -1, -2]\n", proc.stderr
+
+
+def test_large_arrays_travel_both_ways(tmp_path):
+    facts, _ = run('''
+        import numpy as np
+        def double(a):
+            return a * 2
+        arrays = [np.full((1024, 1024), i, dtype=np.float64) for i in range(4)]  # 8 MiB
+        with parallel_config(backend="pool", n_jobs=2):
+            out = Parallel()(delayed(double)(a) for a in arrays)
+        report(ok=all(isinstance(o, np.ndarray) and (o == 2 * i).all()
+                      for i, o in enumerate(out)))
+    ''', tmp_path)
+    assert facts == dict(ok=True)
+
+
+def test_an_argument_that_does_not_pickle_fails_the_call_and_the_pool_goes_on(tmp_path):
+    facts, _ = run('''
+        with parallel_config(backend="pool", n_jobs=2):
+            try:
+                Parallel()(delayed(square)(threading.Lock()) for _ in range(2))
+            except Exception as error:
+                failed = f"{type(error).__name__}: {error}"
+            after = Parallel()(delayed(square)(i) for i in range(4))
+        report(failed=failed, after=after)
+    ''', tmp_path)
+    assert "cannot pickle" in facts["failed"] and facts["after"] == [0, 1, 4, 9], facts
