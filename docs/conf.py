@@ -46,7 +46,7 @@ nitpick_ignore_regex = [
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
-autodoc_mock_imports = ["distributed", "dask", "click", "psutil"]
+autodoc_mock_imports = ["distributed", "dask", "click", "psutil", "joblib"]
 
 html_theme = "furo"
 html_title = f"pool {release}"

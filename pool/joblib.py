@@ -67,7 +67,8 @@ _PARALLEL_SETTINGS = frozenset({"max_nbytes", "temp_folder", "mmap_mode", "verbo
                                 "context", "prefer", "require"})
 
 
-class PoolBackend(AutoBatchingMixin, ParallelBackendBase):
+# (joblib ships no types: its classes are Any to the type checker.)
+class PoolBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc]
     """joblib's backend ``"pool"``: ``Parallel``'s batches run as tasks of a shared
     ``pool.ProcessPool``.
 
@@ -125,7 +126,7 @@ class PoolBackend(AutoBatchingMixin, ParallelBackendBase):
                               stacklevel=3)
             return 1
         if n_jobs < 0:
-            return max(cpu_count() + 1 + n_jobs, 1)
+            return max(int(cpu_count()) + 1 + n_jobs, 1)
         return n_jobs
 
     def configure(self, n_jobs: int = 1, parallel: Any = None, prefer: Any = None,
@@ -139,7 +140,7 @@ class PoolBackend(AutoBatchingMixin, ParallelBackendBase):
         # Each worker's share of the cores, for its native thread pools (as joblib's own
         # process backends: a variable the user set in this process is kept).
         environment = self._prepare_worker_env(n_jobs)
-        threads = self.inner_max_num_threads or max(cpu_count() // n_jobs, 1)
+        threads = self.inner_max_num_threads or max(int(cpu_count()) // n_jobs, 1)
         self.parallel = parallel
         if self._pool is not None:  # configured again without a terminate: give it back
             _pools.give_back(self._pool)
@@ -244,36 +245,50 @@ def _note_worker_frames(error: BaseException) -> None:
                        + "".join(traceback.format_list(frames)).rstrip())
 
 
+class _SharedPool:
+    """A pool, the configuration it was made for, and how many ``Parallel`` calls use it."""
+
+    __slots__ = ("settings", "pool", "users")
+
+    def __init__(self, settings: tuple[Any, ...], pool: ProcessPool) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.users = 1
+
+
 class _SharedPools:
     """The pools of ``PoolBackend``s, one per configuration: successive ``Parallel`` calls
     with the same one reuse its warm workers, as loky's reusable executor does."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._entries: list[list[Any]] = []  # [settings, pool, users]
+        self._shared: list[_SharedPool] = []
 
     def take(self, n_jobs: int, options: dict[str, Any], environment: dict[str, str],
              threads: int) -> ProcessPool:
         settings = (n_jobs, sorted(environment.items()),
                     *[options.get(name) for name in sorted(OPTIONS)])
         with self._lock:
-            for entry in self._entries:
-                if _same(entry[0], settings) and not entry[1]._dispatcher.closing:
-                    entry[2] += 1
-                    return entry[1]
-            unused = [entry[1] for entry in self._entries if entry[2] == 0]
-            self._entries = [entry for entry in self._entries if entry[2] > 0]
+            for shared in self._shared:
+                if _same(shared.settings, settings) and not shared.pool._dispatcher.closing:
+                    shared.users += 1
+                    return shared.pool
+            unused = [shared.pool for shared in self._shared if shared.users == 0]
+            self._shared = [shared for shared in self._shared if shared.users > 0]
             pool = _new_pool(n_jobs, options, environment, threads)
-            self._entries.append([settings, pool, 1])
-        for old in unused:
+            self._shared.append(_SharedPool(settings, pool))
+        for old in unused:  # (their workers are idle: no call of theirs runs)
             old.shutdown(wait=False)
         return pool
 
     def give_back(self, pool: ProcessPool) -> None:
         with self._lock:
-            for entry in self._entries:
-                if entry[1] is pool:
-                    entry[2] -= 1
+            for shared in self._shared:
+                if shared.pool is pool:
+                    shared.users -= 1
+
+    def __len__(self) -> int:
+        return len(self._shared)
 
 
 def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:

@@ -16,6 +16,9 @@ Guarantees:
 - in a batch of more than one call, each call's end is recorded (``_worker.progress``, as a
   ``None`` per call: the results stay here), so that when the worker dies or the batch
   times out the parent knows which call was running (``Batch.call``);
+- a ``numpy.memmap`` given as an argument of a call is opened again from its file in the
+  worker (joblib's memory mapping does the same), so that what the call writes into one
+  opened for writing reaches the file, and a large one is not copied;
 - ``limit_threads`` caps the BLAS and OpenMP thread pools of a worker at its share of the
   cores, as joblib's own process backends do.
 Assumes: a batch's items are joblib's ``(function, args, kwargs)`` triples.
@@ -23,6 +26,7 @@ Assumes: a batch's items are joblib's ``(function, args, kwargs)`` triples.
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 import sys
@@ -66,8 +70,51 @@ class Batch:
             if index is None:
                 index = functions[id(function)] = len(blobs)
                 blobs.append(_dumps_function(function))
+            numpy = sys.modules.get("numpy")  # (no numpy loaded: no memmap to look for)
+            if numpy is not None:
+                args = tuple(_by_file(numpy, arg) for arg in args)
+                kwargs = {name: _by_file(numpy, value) for name, value in kwargs.items()}
             calls.append((index, args, kwargs))
         return (_rebuilt, (blobs, calls, self.nested))
+
+
+def _by_file(numpy: Any, value: Any) -> Any:
+    """A ``numpy.memmap`` argument, as its file (a ``_FileArray``) where it can be: the
+    worker opens the same file, as joblib's memory mapping does, so that what a call
+    writes into a memmap opened for writing reaches the file. Anything else, as it is."""
+    if not isinstance(value, numpy.memmap) or value.filename is None:
+        return value
+    mapped = getattr(value, "_mmap", None)  # numpy's: the mmap its data lies in
+    if mapped is None or not (value.flags.c_contiguous or value.flags.f_contiguous):
+        return value  # (a view numpy made into a plain array, or strided: a copy goes)
+    try:
+        start = numpy.frombuffer(mapped, dtype=numpy.uint8).ctypes.data
+    except (TypeError, ValueError):  # (a closed map)
+        return value
+    # The map begins at the page boundary below the memmap's own offset.
+    mapped_from = value.offset - value.offset % mmap.ALLOCATIONGRANULARITY
+    offset = mapped_from + value.ctypes.data - start
+    mode = "r+" if value.mode == "w+" else value.mode  # (w+ would empty the file)
+    order = "C" if value.flags.c_contiguous else "F"
+    return _FileArray(value.filename, value.dtype.str, mode, offset, value.shape, order)
+
+
+class _FileArray:
+    """A ``numpy.memmap`` argument on its way: opened again from its file in the worker."""
+
+    def __init__(self, filename: str, dtype: str, mode: str, offset: int,
+                 shape: tuple[int, ...], order: str) -> None:
+        self.opening = (filename, dtype, mode, offset, shape, order)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_opened, self.opening)
+
+
+def _opened(filename: str, dtype: str, mode: str, offset: int, shape: tuple[int, ...],
+            order: str) -> Any:
+    import numpy
+    return numpy.memmap(filename, dtype=dtype, mode=mode, offset=offset, shape=shape,
+                        order=order)
 
 
 def _dumps_function(function: Callable[..., Any]) -> bytes:
@@ -90,6 +137,9 @@ def run_batch(batch: Batch) -> list[Any]:
     if batch.nested is None:
         return _run(batch.calls)
     from joblib import parallel_config
+
+    from .. import joblib as _registers_the_backend  # a nested Parallel(backend="pool")
+    del _registers_the_backend
     backend, n_jobs = batch.nested
     with parallel_config(backend=backend, n_jobs=n_jobs):
         return _run(batch.calls)

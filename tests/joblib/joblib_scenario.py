@@ -1,10 +1,10 @@
 # The top of every scenario script of tests/joblib (a child interpreter). Its functions
 # are the calls the scenarios make: a worker imports the script as __mp_main__.
-import json, os, signal, sys, time, threading, multiprocessing
+import json, os, signal, sys, time, threading, multiprocessing  # noqa: F401 (for scenarios)
 sys.path[:0] = [os.environ["POOL_TESTS_DIR"]]
 import helpers
-import pool, pool.joblib
-from joblib import Parallel, delayed, parallel_config
+import pool, pool.joblib  # noqa: F401 (registers the backend)
+from joblib import Parallel, delayed, parallel_config  # noqa: F401 (for scenarios)
 
 METHOD = os.environ.get("POOL_TEST_START_METHOD", "forkserver")
 

@@ -215,7 +215,7 @@ def test_a_death_is_one_named_workerdied_and_the_next_call_runs_at_once(method, 
             except pool.WorkerDied as error:
                 died = error
             after = Parallel()(delayed(square)(i) for i in range(10))
-            pools = len(pool.joblib._pools._entries)
+            pools = len(pool.joblib._pools)
         report(text=str(died), signal=died.signal_name, call=died.task.call(),
                pid_was_a_worker=died.pid in before, after=after, pools=pools)
     ''', tmp_path, method)
@@ -407,3 +407,32 @@ def test_an_argument_that_does_not_pickle_fails_the_call_and_the_pool_goes_on(tm
         report(failed=failed, after=after)
     ''', tmp_path)
     assert "cannot pickle" in facts["failed"] and facts["after"] == [0, 1, 4, 9], facts
+
+
+def test_a_memmap_argument_is_the_same_file_in_the_worker(tmp_path):
+    """joblib's pattern for results in shared memory: calls write into a numpy.memmap the
+    caller made; the caller sees what they wrote. Views of it, at an offset, go as the file
+    too; a strided view, as a copy."""
+    facts, _ = run('''
+        import numpy as np
+        d = os.environ["SCENARIO_DIR"]
+        def fill(out, i):
+            out[i] = i * 10
+            return type(out).__name__, out.mode
+        def total(a):
+            return float(a.sum())
+        out = np.memmap(os.path.join(d, "out"), dtype=np.float64, mode="w+", shape=(8, 3))
+        at = np.memmap(os.path.join(d, "at"), dtype=np.uint8, mode="w+", shape=(9000,),
+                       offset=10000)
+        at[:] = np.arange(9000) % 7
+        with parallel_config(backend="pool", n_jobs=2):
+            kinds = Parallel()(delayed(fill)(out, i) for i in range(8))
+            read = np.memmap(os.path.join(d, "out"), dtype=np.float64, mode="r", shape=(8, 3))
+            rows = Parallel()(delayed(total)(read[i]) for i in range(8))
+            column = Parallel()(delayed(total)(read[:, 2]) for _ in range(1))
+            window = Parallel()(delayed(total)(at[5000:6000]) for _ in range(1))
+        report(kinds=sorted(set(map(tuple, kinds))), written=out[:, 0].tolist(), rows=rows,
+               column=column, window=window == [float(at[5000:6000].sum())])
+    ''', tmp_path)
+    assert facts == dict(kinds=[["memmap", "r+"]], written=[i * 10.0 for i in range(8)],
+                         rows=[i * 30.0 for i in range(8)], column=[280.0], window=True)
