@@ -460,6 +460,15 @@ def use_inherited():
     return pid
 
 
+def flush_inherited():
+    """Close the queues ``use_inherited`` wrote to and wait for their feeder threads to
+    end: a queue's feeder holds a lock shared with every process while it writes, and a
+    worker that exits in the middle leaves it taken for every later writer (bpo-22393)."""
+    for name in ("queue", "joinable_queue"):
+        _inherited[name].close()
+        _inherited[name].join_thread()
+
+
 def init_fails_logging_to(log_queue):
     """Fails, after routing this worker's ``concurrent.futures`` log to ``log_queue`` (as
     CPython's own test does)."""

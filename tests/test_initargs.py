@@ -61,7 +61,9 @@ def test_multiprocessing_objects_in_initargs_reach_every_worker(ctx, inherited):
                                     *inherited.values())) as p:
         first = p.submit(tasks.use_inherited).result(timeout=60)
         _check_one_use(inherited, first)
-        # The worker dies; the slot's new worker gets the same objects.
+        # The worker dies (once its queues' feeder threads let go of the queues' shared
+        # locks: not the subject here); the slot's new worker gets the same objects.
+        p.submit(tasks.flush_inherited).result(timeout=60)
         with pytest.raises(pool.WorkerDied):
             p.submit(tasks.do_effect, "exit").result(timeout=60)
         second = p.submit(tasks.use_inherited).result(timeout=60)

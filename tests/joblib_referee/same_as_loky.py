@@ -1,5 +1,5 @@
-"""scikit-learn's tests of searches, validation and forests, run on loky and on pool: every
-test must end the same way on both.
+"""scikit-learn's tests of searches, validation and forests, run on loky and on pool: no test
+may fail on pool that passes on loky.
 
 Usage (tox's ``joblib`` environment runs it)::
 
@@ -8,9 +8,10 @@ Usage (tox's ``joblib`` environment runs it)::
 Each run makes its backend joblib's default and gives every ``Parallel`` whose ``n_jobs``
 is not given 2 jobs (``pool_as_joblib_default``): scikit-learn's estimators leave it unset,
 so their tests, written for one job, run on two worker processes. Some of those tests
-cannot run in processes at all (a one-time generator as ``cv`` does not pickle); they fail
-on both backends alike, and count as the same result. Exits 1 if any test ends differently,
-and lists those.
+cannot run in processes at all (a one-time generator as ``cv`` does not pickle; a warning
+a worker emits is not seen by the test's ``pytest.warns``); they fail on both backends
+alike. Printed: each test that ends differently. Exits 1 if a test fails on pool and
+passes on loky, unless it is in ``TIMING``.
 """
 
 from __future__ import annotations
@@ -53,19 +54,36 @@ def outcomes(backend: str, extra: list[str]) -> dict[str, str]:
     return found
 
 
+# Tests whose outcome with two jobs depends on which call ends first, on either backend (by
+# the end of their names).
+TIMING = {
+    "test_validation::test_learning_curve_params":
+        "every fit fails, each with its own message, and the test expects the first one's; "
+        "with two jobs the second may be reported first (seen on loky one run in three)",
+}
+
+
 def main() -> int:
     extra = sys.argv[1:]
     loky, pool = outcomes("loky", extra), outcomes("pool", extra)
+    failed = ("failure", "error")
     differ = sorted(name for name in set(loky) | set(pool) if loky.get(name) != pool.get(name))
+    worse = []
     for name in differ:
-        print(f"  differs: {name}: loky {loky.get(name)}, pool {pool.get(name)}")
-    same_failures = sorted(name for name, end in pool.items()
-                           if end in ("failure", "error") and loky.get(name) == end)
-    for name in same_failures:
-        print(f"  fails on both (not a test that can run in processes): {name}")
-    print("same results on both backends" if not differ
-          else f"{len(differ)} test(s) end differently")
-    return 1 if differ else 0
+        if pool.get(name) in failed and loky.get(name) == "passed":
+            reason = next((why for test, why in TIMING.items() if name.endswith(test)), None)
+            print(f"  fails on pool, passes on loky: {name}"
+                  + (f" (timing: {reason})" if reason else ""))
+            if reason is None:
+                worse.append(name)
+        else:
+            print(f"  ends differently: {name}: loky {loky.get(name)}, pool {pool.get(name)}")
+    both = sorted(name for name, end in pool.items() if end in failed and loky.get(name) == end)
+    print(f"{len(both)} test(s) fail on both backends (they cannot run in processes: a "
+          f"one-time generator as cv, warnings raised in a worker, classes defined in a test)")
+    print(f"{len(worse)} test(s) fail on pool and pass on loky" if worse
+          else "no test fails on pool that passes on loky")
+    return 1 if worse else 0
 
 
 if __name__ == "__main__":
