@@ -51,7 +51,7 @@ from joblib.parallel import BatchedCalls
 from ._errors import TaskInfo, TaskTimeout, WorkerDied, rename_task
 from ._executor import ProcessPool
 from ._futures import PoolFuture
-from ._worker.batches import Batch, limit_threads, run_batch
+from ._worker.batches import Batch, prepare_worker, run_batch
 from ._worker.progress import ITEM_PROGRESS
 
 __all__ = ["PoolBackend"]
@@ -100,12 +100,15 @@ class PoolBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc]
         _check_options(options)
         super().__init__(nesting_level=nesting_level,
                          inner_max_num_threads=inner_max_num_threads, **options)
-        self._pool: ProcessPool | None = None
-        self._settings: tuple[Any, ...] = ()
+        # The pools this backend took, one per configure() not yet ended by terminate():
+        # more than one while a Parallel call runs inside another's loop, when both got
+        # this backend from one parallel_config. Batches go to the last one taken.
+        self._held: list[ProcessPool] = []
         self._timeout: float | None = None
-        # The batches of the running Parallel call, by their task's future: what an
-        # abort stops, and what names a death's call. (Each dict operation is atomic.)
-        self._batches: dict[PoolFuture[Any], Batch] = {}
+        # The batches not yet collected, by their task's future, with their Parallel call:
+        # what an abort stops, and what names a death's call. (Each dict operation is
+        # atomic.)
+        self._batches: dict[PoolFuture[Any], tuple[Batch, Any]] = {}
 
     def effective_n_jobs(self, n_jobs: int | None) -> int:
         """joblib's rules, as its process backends keep them."""
@@ -140,32 +143,39 @@ class PoolBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc]
         # Each worker's share of the cores, for its native thread pools (as joblib's own
         # process backends: a variable the user set in this process is kept).
         environment = self._prepare_worker_env(n_jobs)
-        threads = self.inner_max_num_threads or max(int(cpu_count()) // n_jobs, 1)
+        threads = _thread_count(self.inner_max_num_threads, n_jobs)
         self.parallel = parallel
-        if self._pool is not None:  # configured again without a terminate: give it back
-            _pools.give_back(self._pool)
-            self._pool = None
-        self._pool = _pools.take(n_jobs, options, environment, threads)
+        self._held.append(_pools.take(n_jobs, options, environment, threads))
         self._timeout = options.get("task_timeout")
         return n_jobs
 
     def submit(self, func: Callable[[], Any],
                callback: Callable[[Any], Any] | None = None) -> PoolFuture[Any]:
         """Runs one of joblib's batches (a ``BatchedCalls``) as one task of the pool."""
-        assert self._pool is not None, "submit before configure"
+        if not self._held:
+            raise RuntimeError("joblib's 'pool' backend was given a batch after its "
+                               "Parallel call ended")
+        pool = self._held[-1]
         if isinstance(func, BatchedCalls):
             batch = Batch(func.items, (func._backend, func._n_jobs))
         else:  # a callable of another caller: one call
             batch = Batch([(func, (), {})])
+        parallel = getattr(callback, "parallel", self.parallel)
         timeout = None if self._timeout is None else self._timeout * len(batch)
-        future = self._pool.schedule(run_batch, (batch,), timeout=timeout)
-        self._batches[future] = batch
+        future = pool.schedule(run_batch, (batch,), timeout=timeout)
+        self._batches[future] = (batch, parallel)
+        # The caller may have given up (first error, timeout, generator dropped) while a
+        # callback thread was here: it sets _aborting, then stops what it finds in
+        # _batches. Recorded first and checked after, a batch is stopped by one of us.
+        if getattr(parallel, "_aborting", False):
+            self._batches.pop(future, None)
+            future.stop()
         if callback is not None:
             future.add_done_callback(callback)
         return future
 
     def retrieve_result_callback(self, future: PoolFuture[Any]) -> Any:
-        batch = self._batches.pop(future, None)
+        batch, _ = self._batches.pop(future, (None, None))
         try:
             return future.result()
         except (WorkerDied, TaskTimeout) as error:
@@ -180,17 +190,21 @@ class PoolBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc]
 
     def abort_everything(self, ensure_ready: bool = True) -> None:
         """The first error (or joblib's timeout, or a generator given up): queued calls are
-        cancelled, running ones stopped (their workers replaced). The pool stays."""
-        for future in list(self._batches):
-            future.stop()
-        self._batches.clear()
+        cancelled, running ones stopped (their workers replaced): those of the Parallel
+        calls that are giving up, not those of another running beside them. The pool
+        stays."""
+        for future, (_, parallel) in list(self._batches.items()):
+            if parallel is None or getattr(parallel, "_aborting", True):
+                self._batches.pop(future, None)
+                future.stop()
 
     def terminate(self) -> None:
-        """The end of a ``Parallel`` call: its pool is given back, for the next to reuse."""
-        if self._pool is not None:
-            _pools.give_back(self._pool)
-            self._pool = None
-        self._batches.clear()
+        """The end of a ``Parallel`` call: the pool it took is given back, for the next to
+        reuse."""
+        if self._held:
+            _pools.give_back(self._held.pop())
+        if not self._held:
+            self._batches.clear()
         self.reset_batch_stats()
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -203,6 +217,18 @@ class PoolBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc]
 def _unpickled_backend(nesting_level: int | None, inner_max_num_threads: int | None,
                        options: dict[str, Any]) -> PoolBackend:
     return PoolBackend(nesting_level, inner_max_num_threads, **options)
+
+
+def _thread_count(inner_max_num_threads: int | None, n_jobs: int) -> int:
+    """The threads a worker's native pools get, as joblib's environment gives them: the
+    ``inner_max_num_threads`` asked for; else ``OMP_NUM_THREADS`` if set here; else the
+    worker's share of the cores."""
+    if inner_max_num_threads is not None:
+        return inner_max_num_threads
+    try:
+        return max(int(os.environ["OMP_NUM_THREADS"]), 1)
+    except (KeyError, ValueError):
+        return max(int(cpu_count()) // n_jobs, 1)
 
 
 def _check_options(options: dict[str, Any]) -> None:
@@ -266,14 +292,15 @@ class _SharedPools:
 
     def take(self, n_jobs: int, options: dict[str, Any], environment: dict[str, str],
              threads: int) -> ProcessPool:
+        options = dict(options, initargs=tuple(options.get("initargs") or ()))
         settings = (n_jobs, sorted(environment.items()),
                     *[options.get(name) for name in sorted(OPTIONS)])
         with self._lock:
             for shared in self._shared:
-                if _same(shared.settings, settings) and not shared.pool._dispatcher.closing:
+                if _equal(shared.settings, settings) and _usable(shared.pool):
                     shared.users += 1
                     return shared.pool
-            unused = [shared.pool for shared in self._shared if shared.users == 0]
+            unused = [shared.pool for shared in self._shared if shared.users <= 0]
             self._shared = [shared for shared in self._shared if shared.users > 0]
             pool = _new_pool(n_jobs, options, environment, threads)
             self._shared.append(_SharedPool(settings, pool))
@@ -291,12 +318,28 @@ class _SharedPools:
         return len(self._shared)
 
 
-def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    """Settings compare by value, and the initializer's arguments by identity (an array
-    among them has no single truth value)."""
-    return len(a) == len(b) and all(
-        x is y or (type(x) is type(y) and not isinstance(x, tuple) and x == y)
-        for x, y in zip(a, b))
+def _usable(pool: ProcessPool) -> bool:
+    """Not shut down, and not broken: a pool whose initializer failed in every worker it
+    started (or whose dispatcher failed) is not given to another call."""
+    dispatcher = pool._dispatcher
+    return not dispatcher.closing and dispatcher.broken_error is None
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Settings compare by value, where values say plainly whether they are equal (an
+    array among the initializer's arguments does not: it is the same only if it is the
+    same object)."""
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(map(_equal, a, b))
+    try:
+        same = a == b
+    except Exception:  # (a comparison that refuses)
+        return False
+    return same if isinstance(same, bool) else False
 
 
 def _new_pool(n_jobs: int, options: dict[str, Any], environment: dict[str, str],
@@ -305,8 +348,8 @@ def _new_pool(n_jobs: int, options: dict[str, Any], environment: dict[str, str],
     context = None if method is None else multiprocessing.get_context(method)
     idle = options.get("idle_worker_timeout")
     return ProcessPool(
-        n_jobs, mp_context=context, initializer=limit_threads,
-        initargs=(environment, threads, options.get("initializer"),
+        n_jobs, mp_context=context, initializer=prepare_worker,
+        initargs=(environment, threads, PoolBackend, options.get("initializer"),
                   tuple(options.get("initargs") or ())),
         task_timeout=None,  # (per batch: PoolBackend.submit)
         max_memory_per_child=options.get("max_memory_per_child"),

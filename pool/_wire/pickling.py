@@ -113,6 +113,13 @@ def _renamed_code(code: types.CodeType, filename: str) -> types.CodeType:
     return code.replace(co_filename=filename, co_consts=consts)
 
 
+# A task function with this attribute set true has its arguments pickled by value
+# (cloudpickle's pickler) from the start, not only where the stdlib's fails: what they hold
+# of ``__main__`` then reaches workers that cannot import it. (``_worker.batches.run_batch``:
+# joblib's calls, which loky sends so.)
+ARGUMENTS_BY_VALUE = "pool_arguments_by_value"
+
+
 def dumps_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
                     ) -> Buffers:
     """Pickle ``(args, kwargs)``; on failure, name the argument that does not pickle.
@@ -120,19 +127,20 @@ def dumps_arguments(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
     # BaseException: a user reducer runs here, and even its SystemExit fails only this call;
     # a Ctrl-C is the user's, and goes on.
     sharing = segments.enabled()
-    try:
-        return kept_picklers.dump((args, kwargs), SharingSnapshot if sharing else Snapshot)
-    except KeyboardInterrupt:
-        raise
-    except segments.LargePayload:
+    if not getattr(fn, ARGUMENTS_BY_VALUE, False):
         try:
-            return _dump_shared((args, kwargs), pickle.Pickler)
+            return kept_picklers.dump((args, kwargs), SharingSnapshot if sharing else Snapshot)
         except KeyboardInterrupt:
             raise
+        except segments.LargePayload:
+            try:
+                return _dump_shared((args, kwargs), pickle.Pickler)
+            except KeyboardInterrupt:
+                raise
+            except BaseException:
+                pass
         except BaseException:
             pass
-    except BaseException:
-        pass
     try:
         if sharing:
             try:

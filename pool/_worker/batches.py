@@ -7,10 +7,11 @@ thread, or a pool callback thread that dispatches joblib's next batch); a worker
 ``run_batch`` runs it (named by reference, so a worker imports this module for it, and
 joblib when the batch carries a nested configuration).
 Guarantees:
-- a batch's functions travel by reference where workers can import them, else by value
-  (``_wire.pickling.dumps_callable``); those of ``__main__`` go by value, as loky sends
-  them, since a worker that imports the script does not run what its ``if __name__ ==
-  "__main__":`` defines. Each function is pickled once per batch;
+- a batch travels as loky sends one, with cloudpickle's pickler: what it holds of
+  ``__main__`` goes by value (a worker that imports the script does not run what its ``if
+  __name__ == "__main__":`` defines, and one of a notebook has no script to import), the
+  rest by reference; large buffers still go through shared memory. Each function, and
+  each object a method is bound to, is pickled once per batch;
 - ``run_batch`` returns the calls' results in order, or raises the first call's exception
   (joblib fails the whole ``Parallel`` call on it);
 - in a batch of more than one call, each call's end is recorded (``_worker.progress``, as a
@@ -19,20 +20,22 @@ Guarantees:
 - a ``numpy.memmap`` given as an argument of a call is opened again from its file in the
   worker (joblib's memory mapping does the same), so that what the call writes into one
   opened for writing reaches the file, and a large one is not copied;
-- ``limit_threads`` caps the BLAS and OpenMP thread pools of a worker at its share of the
-  cores, as joblib's own process backends do.
+- ``prepare_worker`` caps the BLAS and OpenMP thread pools of a worker at its share of
+  the cores, as joblib's own process backends do, and registers the backend there too.
 Assumes: a batch's items are joblib's ``(function, args, kwargs)`` triples.
 """
 
 from __future__ import annotations
 
+import importlib
 import mmap
 import os
 import pickle
 import sys
+import types
 from typing import Any, Callable, Iterator
 
-from .._wire.pickling import dumps_callable, dumps_callable_by_value
+from .._wire.pickling import ARGUMENTS_BY_VALUE, dumps_callable_by_value
 from . import main as _main, progress as _progress
 
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
@@ -62,20 +65,62 @@ class Batch:
         return self.calls[index]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        functions: dict[int, int] = {}  # id(function) -> its index in ``blobs``
-        blobs: list[bytes] = []
+        # The functions travel in the same pickle as the arguments: by reference, or by
+        # value where the pool's pickler falls back to it, once each (the pickler's memo:
+        # a method's object, and the large buffers in it, go once and through shared
+        # memory as an argument's would). A function of __main__ goes by value always.
+        by_value: dict[int, Any] = {}
+        numpy = sys.modules.get("numpy")  # (no numpy loaded: no memmap to look for)
         calls = []
         for function, args, kwargs in self.calls:
-            index = functions.get(id(function))
-            if index is None:
-                index = functions[id(function)] = len(blobs)
-                blobs.append(_dumps_function(function))
-            numpy = sys.modules.get("numpy")  # (no numpy loaded: no memmap to look for)
+            if getattr(function, "__module__", None) == "__main__":
+                function = _by_value(function, by_value)
             if numpy is not None:
                 args = tuple(_by_file(numpy, arg) for arg in args)
                 kwargs = {name: _by_file(numpy, value) for name, value in kwargs.items()}
-            calls.append((index, args, kwargs))
-        return (_rebuilt, (blobs, calls, self.nested))
+            calls.append((function, args, kwargs))
+        return (Batch, (calls, self.nested))
+
+
+def _by_value(function: Any, made: dict[int, Any]) -> Any:
+    """``function`` (of ``__main__``) wrapped to travel by value, once per batch: a method
+    as its function and its object (each ``obj.method`` is a new object; its function and
+    its object are not), so that the object goes once, as an argument would."""
+    inner = getattr(function, "__func__", None)
+    bound_to = getattr(function, "__self__", None)
+    if inner is not None and bound_to is not None and not isinstance(bound_to, type(sys)):
+        return _Method(_by_value(inner, made), bound_to)
+    wrapped = made.get(id(function))
+    if wrapped is None:
+        wrapped = made[id(function)] = _ByValue(function)
+    return wrapped
+
+
+class _Method:
+    """A method of a class of ``__main__`` on its way: its function by value, its object
+    as the pickler sends it."""
+
+    def __init__(self, function: Any, bound_to: Any) -> None:
+        self.function, self.bound_to = function, bound_to
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_bound, (self.function, self.bound_to))
+
+
+def _bound(function: Callable[..., Any], bound_to: Any) -> Any:
+    return types.MethodType(function, bound_to)
+
+
+class _ByValue:
+    """A function of ``__main__`` on its way, pickled by value, as loky sends it: it may be
+    defined under the script's ``if __name__ == "__main__":``, where a worker that imports
+    the script does not get to."""
+
+    def __init__(self, function: Callable[..., Any]) -> None:
+        self.function = function
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (pickle.loads, (dumps_callable_by_value(self.function),))
 
 
 def _by_file(numpy: Any, value: Any) -> Any:
@@ -112,24 +157,9 @@ class _FileArray:
 
 def _opened(filename: str, dtype: str, mode: str, offset: int, shape: tuple[int, ...],
             order: str) -> Any:
-    import numpy
+    numpy = importlib.import_module("numpy")  # (present: the caller had a memmap)
     return numpy.memmap(filename, dtype=dtype, mode=mode, offset=offset, shape=shape,
                         order=order)
-
-
-def _dumps_function(function: Callable[..., Any]) -> bytes:
-    # A function of __main__ goes by value, as loky sends it: it may be defined under the
-    # script's ``if __name__ == "__main__":``, where a worker that imports the script does
-    # not get to.
-    if getattr(function, "__module__", None) == "__main__":
-        return dumps_callable_by_value(function)
-    return dumps_callable(function)
-
-
-def _rebuilt(blobs: list[bytes], calls: list[tuple[int, tuple[Any, ...], dict[str, Any]]],
-             nested: tuple[Any, Any] | None) -> Batch:
-    functions = [pickle.loads(blob) for blob in blobs]
-    return Batch([(functions[index], args, kwargs) for index, args, kwargs in calls], nested)
 
 
 def run_batch(batch: Batch) -> list[Any]:
@@ -137,12 +167,15 @@ def run_batch(batch: Batch) -> list[Any]:
     if batch.nested is None:
         return _run(batch.calls)
     from joblib import parallel_config
-
-    from .. import joblib as _registers_the_backend  # a nested Parallel(backend="pool")
-    del _registers_the_backend
     backend, n_jobs = batch.nested
     with parallel_config(backend=backend, n_jobs=n_jobs):
         return _run(batch.calls)
+
+
+# A batch's arguments go by value (cloudpickle), as loky sends them: an instance of a class
+# of a notebook, or of one defined under a script's ``if __name__ == "__main__":`` (a custom
+# estimator in a search), reaches workers that could not import it.
+setattr(run_batch, ARGUMENTS_BY_VALUE, True)
 
 
 def _run(calls: list[Call]) -> list[Any]:
@@ -169,19 +202,24 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"
                     "NUMEXPR_NUM_THREADS")
 
 
-def limit_threads(environment: dict[str, str], threads: int,
-                  initializer: Callable[..., Any] | None, initargs: tuple[Any, ...]) -> None:
-    """A worker's initializer: set ``environment`` (the thread variables) before any
-    library reads it. Where a native library is already loaded (the worker was forked from
-    a parent that had imported numpy), its pools are sized now through ``threadpoolctl``,
-    if installed. Then the user's own initializer, if any."""
+def prepare_worker(environment: dict[str, str], threads: int, backend: type[Any],
+                   initializer: Callable[..., Any] | None, initargs: tuple[Any, ...]) -> None:
+    """A worker's initializer. Sets ``environment`` (the thread variables) for the native
+    libraries loaded from now on, and sizes the pools of those already loaded through
+    ``threadpoolctl`` (a dependency of the ``joblib`` extra). They are, often: a worker
+    forked from a parent that had imported numpy, or started from a forkserver or by spawn
+    with a main module that imports it, has it before any initializer runs. Registers
+    ``backend`` (``pool.joblib.PoolBackend``, which the parent sends) as joblib's
+    ``"pool"``, for a ``Parallel(backend="pool")`` in a call, whether or not the code that
+    runs here imported ``pool.joblib``. Then the user's own initializer, if any."""
     os.environ.update(environment)
-    if "numpy" in sys.modules or "scipy" in sys.modules:
-        try:
-            from threadpoolctl import threadpool_limits
-        except ImportError:
-            pass
-        else:
-            threadpool_limits(threads)
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        pass
+    else:
+        threadpool_limits(threads)
+    from joblib import register_parallel_backend
+    register_parallel_backend("pool", backend)
     if initializer is not None:
         initializer(*initargs)

@@ -93,7 +93,28 @@ def nested(n):
     return type(backend).__name__, sorted(set(pids)), os.getpid()
 
 
+def nesting_below():
+    """In a call of a nested Parallel: the backend a Parallel nested in it in turn gets."""
+    from joblib.parallel import get_active_backend
+    return type(get_active_backend()[0]).__name__
+
+
+def nested_twice(_=None):
+    return Parallel(n_jobs=2)(delayed(nesting_below)() for _ in range(2))
+
+
+def init_counting(directory):
+    """An initializer: a file per worker started."""
+    mark(directory, f"started{os.getpid()}")
+
+
+def init_failing_unless(path):
+    if not os.path.exists(path):
+        raise RuntimeError("not yet")
+
+
 def thread_settings(_=None):
+    import numpy  # noqa: F401 (its BLAS loaded, for threadpoolctl to see)
     from threadpoolctl import threadpool_info
     return (os.environ.get("OMP_NUM_THREADS"),
             sorted({info["num_threads"] for info in threadpool_info()}))

@@ -29,19 +29,20 @@ if os.environ.get("REFEREE_N_JOBS"):
     # Entered for the whole session, in the main thread, where the tests run.
     parallel_config(backend=BACKEND, n_jobs=int(os.environ["REFEREE_N_JOBS"])).__enter__()
 
-# joblib's test_parallel.py, with pool as the default backend: what differs, and why.
+# joblib's test_parallel.py, with pool as the default backend: what differs, and why (by
+# test name).
 _ANOTHER_PROCESS = ("a worker of another backend ({}) runs a nested Parallel(backend='pool'); "
                     "that process never imported pool.joblib, so joblib there has no "
                     "backend of that name (joblib finds only its own, dask's and ray's "
                     "without an import)")
 DIFFERENCES = {
-    "test_parallel.py::test_nested_loop[loky-pool]": _ANOTHER_PROCESS.format("loky"),
-    "test_parallel.py::test_nested_loop[back_compat_backend-pool]":
+    "test_nested_loop[loky-pool]": _ANOTHER_PROCESS.format("loky"),
+    "test_nested_loop[back_compat_backend-pool]":
         _ANOTHER_PROCESS.format("a multiprocessing.Pool"),
-    "test_parallel.py::test_backend_hinting_and_constraints[parallel_config]":
+    "test_backend_hinting_and_constraints[parallel_config]":
         "the test expects prefer='processes' to pick loky; with pool the default, "
         "the default is already a process backend and is kept",
-    "test_parallel.py::test_backend_hinting_and_constraints[parallel_backend]":
+    "test_backend_hinting_and_constraints[parallel_backend]":
         "as for [parallel_config]: the same test through the older context manager",
 }
 
@@ -50,9 +51,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if BACKEND != "pool":
         return
     for item in items:
-        for ending, reason in DIFFERENCES.items():
-            if item.nodeid.endswith(ending):
-                item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
+        reason = DIFFERENCES.get(item.name)
+        if reason is not None and item.path.name == "test_parallel.py":
+            item.add_marker(pytest.mark.xfail(reason=reason, strict=True))
 
 
 def pytest_report_header(config: pytest.Config) -> str:
