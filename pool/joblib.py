@@ -51,7 +51,9 @@ from joblib.parallel import BatchedCalls
 from ._errors import TaskInfo, TaskTimeout, WorkerDied, rename_task
 from ._executor import ProcessPool
 from ._futures import PoolFuture
+from ._options import default_context
 from ._worker.batches import Batch, prepare_worker, run_batch
+from ._worker.forkserver import preload_in_forkserver
 from ._worker.progress import ITEM_PROGRESS
 
 __all__ = ["PoolBackend"]
@@ -345,7 +347,12 @@ def _equal(a: Any, b: Any) -> bool:
 def _new_pool(n_jobs: int, options: dict[str, Any], environment: dict[str, str],
               threads: int) -> ProcessPool:
     method = options.get("start_method")
-    context = None if method is None else multiprocessing.get_context(method)
+    context = default_context() if method is None else multiprocessing.get_context(method)
+    if context.get_start_method() == "forkserver":
+        # Workers forked with joblib (and numpy, which it imports) already loaded start in
+        # milliseconds, not the quarter of a second those imports take: what a call waits
+        # for after a death or an abort. (A forkserver already running keeps its own.)
+        preload_in_forkserver(context, "joblib", "pool.joblib")
     idle = options.get("idle_worker_timeout")
     return ProcessPool(
         n_jobs, mp_context=context, initializer=prepare_worker,

@@ -245,3 +245,34 @@ def session_members(sid: int) -> list[int]:
     """Live (non-zombie) processes of session ``sid`` (pool workers lead process groups of
     their own, but stay in the session that started them)."""
     return [pid for pid, _, _, session in _live_processes() if session == sid]
+
+
+def run_scenario_in_session(script: Path, env: dict[str, str], timeout: float
+                            ) -> dict[str, Any]:
+    """Runs ``script`` in a child interpreter in a session of its own, under a hard
+    timeout (then SIGABRT to the session: faulthandler writes every thread's stack), and
+    fails the test unless it exits 0, says ``REPORT {json}`` on standard output, and every
+    process of its session is gone afterwards. Returns the last report, with the script's
+    standard error as ``"stderr"``."""
+    import pytest
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env,
+                            cwd=str(script.parent), start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGABRT)
+        out, err = proc.communicate()
+        pytest.fail(f"the scenario did not end in {timeout} s\n{out}\n{err[-8000:]}")
+    finally:
+        gone = wait_until(lambda: not session_members(proc.pid), 15)
+        if not gone:
+            for pid in session_members(proc.pid):
+                os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{err[-8000:]}"
+    assert gone, "processes were left behind"
+    reports = [line[len("REPORT "):] for line in out.splitlines() if line.startswith("REPORT ")]
+    assert reports, f"no report\n{out}\n{err[-8000:]}"
+    facts: dict[str, Any] = json.loads(reports[-1])
+    facts["stderr"] = err
+    return facts

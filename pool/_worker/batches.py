@@ -33,7 +33,7 @@ import os
 import pickle
 import sys
 import types
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from .._wire.pickling import ARGUMENTS_BY_VALUE, dumps_callable_by_value
 from . import main as _main, progress as _progress
@@ -184,16 +184,10 @@ def _run(calls: list[Call]) -> list[Any]:
     if recorder is None or not recorder.begin(_main.current_task_id()):
         results.extend(function(*args, **kwargs) for function, args, kwargs in calls)
         return results
-    # The recorder keeps a None for each call that ended (cheap to record); the results
-    # stay here.
-    recorder.run(_each(calls, results), [])
+    # The recorder counts the calls that ended (their results stay here): which one was
+    # running is all the parent needs when the worker dies.
+    recorder.count((function(*args, **kwargs) for function, args, kwargs in calls), results)
     return results
-
-
-def _each(calls: list[Call], results: list[Any]) -> Iterator[None]:
-    for function, args, kwargs in calls:
-        results.append(function(*args, **kwargs))
-        yield None
 
 
 # The variables that size the thread pools of BLAS, OpenMP and their kin (joblib's list).

@@ -93,6 +93,14 @@ class Recorder:
         the cost of the record, paid on every item of every chunk."""
         raise NotImplementedError
 
+    def count(self, calls: Iterator[Any], values: list[Any]) -> None:
+        """As ``run``, but records how many items ended and not their values: for a face
+        that needs to know which item was running when the worker died, and not what the
+        others returned (``pool.joblib``, whose first error ends the whole call). Costs a
+        store per item, where ``run`` pickles each value. A chunk counted so has no
+        records: its ``ItemProgress.outcomes`` is not to be read."""
+        raise NotImplementedError
+
     def failure(self, encoded: bytes) -> None:
         """The item after those recorded raised; ``encoded`` is its exception."""
         raise NotImplementedError
@@ -164,6 +172,19 @@ class MappedRecorder(Recorder):
         if unrecordable:  # (out of the except: a later item's error must not chain to it)
             self._rest_unrecorded(calls, values)
 
+    def count(self, calls: Iterator[Any], values: list[Any]) -> None:
+        if self._stopped:
+            values.extend(calls)
+            return
+        append, header, done = values.append, self._header, self._done
+        try:
+            for value in calls:
+                append(value)
+                done += 1
+                header[_COUNT] = done
+        finally:
+            self._done = done
+
     def failure(self, encoded: bytes) -> None:
         if self._stopped:
             return
@@ -227,6 +248,25 @@ class FileRecorder(Recorder):
             self._done, self._end = done, end
         if unrecordable:
             self._rest_unrecorded(calls, values)
+
+    def count(self, calls: Iterator[Any], values: list[Any]) -> None:
+        if self._stopped:
+            values.extend(calls)
+            return
+        append, pwrite, pack, fd = values.append, os.pwrite, _COUNT_AND_END.pack, self.fd
+        done, end = self._done, self._end
+        try:
+            for value in calls:
+                append(value)
+                done += 1
+                try:
+                    pwrite(fd, pack(done, end), 16)
+                except OSError:  # (a full disk cannot refuse an overwrite, but if it did)
+                    self._done = done
+                    self._rest_unrecorded(calls, values)
+                    return
+        finally:
+            self._done = done
 
     def failure(self, encoded: bytes) -> None:
         if self._stopped:

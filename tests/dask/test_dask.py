@@ -8,7 +8,6 @@ Run by tox's ``dask`` environment (``pip install 'sturdypool[dask]'``), not the 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -20,7 +19,8 @@ from typing import Any
 import pytest
 
 from doc_examples import programs
-from helpers import REPO_DIR, START_METHODS, session_members, wait_until
+from helpers import (REPO_DIR, START_METHODS, run_scenario_in_session, session_members,
+                     wait_until)
 
 pytest.importorskip("distributed", reason="pool.dask's tests need pip install 'sturdypool[dask]'")
 
@@ -40,27 +40,7 @@ def run(body: str, tmp_path: Path, method: str = "forkserver", *, timeout: float
     script.write_text(PRELUDE + "\n\nif __name__ == '__main__':\n"
                       + textwrap.indent(textwrap.dedent(body), "    "))
     env = dict(os.environ, POOL_TEST_START_METHOD=method, PYTHONFAULTHANDLER="1")
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path),
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 6)  # faulthandler writes every thread's stack
-        out, err = proc.communicate()
-        pytest.fail(f"the scenario did not end in {timeout} s\n{out}\n{err[-8000:]}")
-    finally:
-        left_behind = wait_until(lambda: not session_members(proc.pid), 15)
-        if not left_behind:
-            for pid in session_members(proc.pid):
-                os.kill(pid, 9)
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{err[-8000:]}"
-    assert left_behind, f"processes left behind: {session_members(proc.pid)}"
-    reports = [line[len("REPORT "):] for line in out.splitlines() if line.startswith("REPORT ")]
-    assert reports, f"no report\n{out}\n{err[-8000:]}"
-    facts: dict[str, Any] = json.loads(reports[-1])
-    facts["stderr"] = err
-    return facts
+    return run_scenario_in_session(script, env, timeout)
 
 
 FAULT_SCENARIO = """
