@@ -54,6 +54,7 @@ from ._futures import PoolFuture
 from ._options import default_context
 from ._worker.batches import Batch, prepare_worker, run_batch
 from ._worker.forkserver import preload_in_forkserver
+from ._worker.main_guard import check_main_is_guarded
 from ._worker.progress import ITEM_PROGRESS
 
 __all__ = ["PoolBackend"]
@@ -144,6 +145,11 @@ class PoolBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc]
         options = {**self.backend_kwargs, **options}
         # Each worker's share of the cores, for its native thread pools (as joblib's own
         # process backends: a variable the user set in this process is kept).
+        # Here, at the Parallel call, with joblib's words: a script whose top level runs
+        # it outside its __main__ guard would run it again in every worker (loky's do not
+        # import the script; forkserver and spawn workers do).
+        method = options.get("start_method") or default_context().get_start_method()
+        check_main_is_guarded(method, "give parallel_config start_method='fork'")
         environment = self._prepare_worker_env(n_jobs)
         threads = _thread_count(self.inner_max_num_threads, n_jobs)
         self.parallel = parallel

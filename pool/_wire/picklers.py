@@ -17,6 +17,7 @@ from __future__ import annotations
 import pickle
 import sys
 import threading
+import types
 from typing import Any
 
 from .frames import Buffers
@@ -25,6 +26,15 @@ from .segments import SHARED_ABOVE, LargePayload
 PROTOCOL = 5
 
 _ByValuePickler: type[Any] | None = None
+
+
+def _with_filename(make: Any, args: tuple[Any, ...], filename: str) -> Any:
+    """A code object cloudpickle sent, with its file's name back (``by_value_pickler``)."""
+    code = make(*args)
+    try:
+        return code.replace(co_filename=filename)
+    except (AttributeError, TypeError, ValueError):  # cosmetic only
+        return code
 
 
 def by_value_pickler() -> type[Any]:
@@ -49,9 +59,19 @@ def by_value_pickler() -> type[Any]:
             cls = type(obj)
             raise TypeError(f"cannot pickle '{cls.__module__}.{cls.__qualname__}' object")
 
+        reduce_code = cloudpickle.Pickler.dispatch_table[types.CodeType]
+
+        def keep_filename(code: types.CodeType) -> Any:
+            # cloudpickle names every code object it sends "<dynamic-code>"; a crash
+            # report's or a traceback's frames should name the user's file. (Nested code
+            # objects, a class's methods, come through here too.)
+            make, args = reduce_code(code)[:2]
+            return _with_filename, (make, args, code.co_filename)
+
         class ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
             # (cloudpickle's table already chains copyreg's.)
-            dispatch_table = ChainMap({io.TextIOWrapper: refuse},
+            dispatch_table = ChainMap({io.TextIOWrapper: refuse,
+                                       types.CodeType: keep_filename},
                                       cloudpickle.Pickler.dispatch_table)
 
         _ByValuePickler = ByValuePickler

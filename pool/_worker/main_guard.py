@@ -72,8 +72,12 @@ def check_not_daemonic() -> None:
             "distributed.worker.daemon to False, e.g. DASK_DISTRIBUTED__WORKER__DAEMON=False).")
 
 
-def check_main_is_guarded(start_method: str) -> None:
+FORK_OPTION = 'pass mp_context=multiprocessing.get_context("fork")'
+
+
+def check_main_is_guarded(start_method: str, fork_option: str = FORK_OPTION) -> None:
     """Raise if workers started by ``start_method`` would run this very line again.
+    ``fork_option``: how the caller's API chooses fork, for the advice.
 
     Called when a pool is first used. With spawn or forkserver a worker imports the main
     script again; code at its top level outside the ``__main__`` guard runs again there,
@@ -84,7 +88,7 @@ def check_main_is_guarded(start_method: str) -> None:
     if _compat.starting_as_spawned_worker():
         # We are such a worker (the parent could not see the mistake: no source).
         raise RuntimeError(_advice(start_method, "the main script", "(seen in a worker "
-                                   "that was starting up)"))
+                                   "that was starting up)", fork_option))
     main = sys.modules.get("__main__")
     path = getattr(main, "__file__", None)
     spec_name = getattr(getattr(main, "__spec__", None), "name", "") or ""
@@ -110,7 +114,7 @@ def check_main_is_guarded(start_method: str) -> None:
             guarded = True  # cannot tell: let it go as the stdlib would
         _verdicts[key] = guarded
     if not guarded:
-        raise RuntimeError(_advice(start_method, path, f"(line {line})"))
+        raise RuntimeError(_advice(start_method, path, f"(line {line})", fork_option))
 
 
 def _top_level_frame(main: ModuleType | None) -> FrameType | None:
@@ -150,10 +154,10 @@ def _mentions_name(test: ast.expr) -> bool:
     return any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(test))
 
 
-def _advice(start_method: str, script: str, where: str) -> str:
+def _advice(start_method: str, script: str, where: str, fork_option: str = FORK_OPTION
+            ) -> str:
     return (
         f"a process pool is used at the top level of {script} {where}, outside "
         f"'if __name__ == \"__main__\":'. With the {start_method!r} start method every "
         f"worker imports the main script again, and would run that code too. Put the code "
-        f"that uses the pool under 'if __name__ == \"__main__\":' (or pass "
-        f"mp_context=multiprocessing.get_context(\"fork\")).")
+        f"that uses the pool under 'if __name__ == \"__main__\":' (or {fork_option}).")

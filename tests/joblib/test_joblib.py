@@ -294,6 +294,8 @@ def test_the_first_error_stops_running_calls_and_cancels_queued_ones(method, tmp
     ''', tmp_path, method)
     assert facts["failed"] == "the other call is running"
     assert "in fail_when" in facts["notes"][0] and "raise ValueError" in facts["notes"][0]
+    # (by value, as all of a batch, yet with its file's name: not cloudpickle's own)
+    assert "scenario.py" in facts["notes"][0], facts["notes"]
     assert facts["gone"] and facts["after"] == [0, 1, 4, 9]
     assert facts["queued_ran"] < 20 and facts["seconds"] < 60, facts
 
@@ -543,3 +545,25 @@ def test_a_method_and_its_objects_large_array_go_once_per_batch(tmp_path):
     ''', tmp_path)
     assert facts["scores"] == [float(i) for i in range(10)]
     assert facts["size_mib"] < 9, facts  # one copy of the weights, not ten
+
+
+def test_a_script_that_runs_parallel_at_its_top_level_is_told_how_to_fix_it(tmp_path):
+    """forkserver and spawn workers import the script, and would run its top level again
+    (loky's do not import it): refused at the Parallel call, in joblib's words; with
+    start_method="fork" it runs."""
+    script = tmp_path / "top.py"
+    script.write_text(textwrap.dedent('''
+        import sys
+        import pool.joblib
+        from joblib import Parallel, delayed, parallel_config
+        with parallel_config(backend="pool", n_jobs=2, start_method=sys.argv[1]):
+            print(Parallel()(delayed(abs)(-i) for i in range(4)))
+    '''))
+    refused = subprocess.run([sys.executable, str(script), "forkserver"], capture_output=True,
+                             text=True, timeout=60, cwd=str(tmp_path))
+    forked = subprocess.run([sys.executable, str(script), "fork"], capture_output=True,
+                            text=True, timeout=60, cwd=str(tmp_path))
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert "outside 'if __name__ == \"__main__\":'" in refused.stderr
+    assert "give parallel_config start_method='fork'" in refused.stderr
+    assert forked.stdout == "[0, 1, 2, 3]\n", forked.stderr
