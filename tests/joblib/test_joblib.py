@@ -498,7 +498,8 @@ def test_initializer_runs_in_each_worker_and_equal_settings_share_the_pool(tmp_p
         report(started=len(started), ran_there=all(f"started{p}" in started for p in pids),
                pools=len(pool.joblib._pools))
     ''', tmp_path)
-    assert facts == dict(started=2, ran_there=True, pools=1)
+    # One pool's workers (a second starts only if the first is busy), not one per call.
+    assert 1 <= facts["started"] <= 2 and facts["ran_there"] and facts["pools"] == 1, facts
 
 
 def test_a_parallel_call_inside_anothers_loop_with_one_configuration(tmp_path):
