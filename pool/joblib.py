@@ -148,8 +148,8 @@ class PoolBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc]
         # Here, at the Parallel call, with joblib's words: a script whose top level runs
         # it outside its __main__ guard would run it again in every worker (loky's do not
         # import the script; forkserver and spawn workers do).
-        method = options.get("start_method") or default_context().get_start_method()
-        check_main_is_guarded(method, "give parallel_config start_method='fork'")
+        check_main_is_guarded(_context(options).get_start_method(),
+                              "give parallel_config start_method='fork'")
         environment = self._prepare_worker_env(n_jobs)
         threads = _thread_count(self.inner_max_num_threads, n_jobs)
         self.parallel = parallel
@@ -257,8 +257,12 @@ def _name_the_call(error: WorkerDied | TaskTimeout, batch: Batch) -> None:
         index = progress.finished
     else:
         index = None  # the worker recorded nothing: any of them
-    if index is None or index >= len(batch):
+    if index is None:
         error.add_note(f"(one of a batch of {len(batch)} joblib calls)")
+        return
+    if index >= len(batch):
+        error.add_note(f"(after all {len(batch)} calls of its batch had finished, as it sent "
+                       f"their results)")
         return
     rename_task(error, TaskInfo(error.task.task_id, *batch.call(index)))
     if len(batch) > 1:
@@ -350,14 +354,22 @@ def _equal(a: Any, b: Any) -> bool:
     return same if isinstance(same, bool) else False
 
 
+def _context(options: dict[str, Any]) -> Any:
+    """The multiprocessing context of ``start_method`` (a name): pool's default if none."""
+    method = options.get("start_method")
+    return default_context() if method is None else multiprocessing.get_context(method)
+
+
 def _new_pool(n_jobs: int, options: dict[str, Any], environment: dict[str, str],
               threads: int) -> ProcessPool:
-    method = options.get("start_method")
-    context = default_context() if method is None else multiprocessing.get_context(method)
+    context = _context(options)
     if context.get_start_method() == "forkserver":
         # Workers forked with joblib (and numpy, which it imports) already loaded start in
         # milliseconds, not the quarter of a second those imports take: what a call waits
-        # for after a death or an abort. (A forkserver already running keeps its own.)
+        # for after a death or an abort. The forkserver is the program's: the workers of
+        # its other pools start with them loaded too (a script that imports joblib has
+        # them in its __main__, which it preloads anyway). One already running keeps its
+        # own.
         preload_in_forkserver(context, "joblib", "pool.joblib")
     idle = options.get("idle_worker_timeout")
     return ProcessPool(

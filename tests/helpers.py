@@ -261,14 +261,25 @@ def run_scenario_in_session(script: Path, env: dict[str, str], timeout: float
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGABRT)
-        out, err = proc.communicate()
+        for pid in [proc.pid, *session_members(proc.pid)]:  # (workers lead groups of their own)
+            try:
+                os.kill(pid, signal.SIGABRT)
+            except ProcessLookupError:
+                pass
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
         pytest.fail(f"the scenario did not end in {timeout} s\n{out}\n{err[-8000:]}")
     finally:
         gone = wait_until(lambda: not session_members(proc.pid), 15)
         if not gone:
             for pid in session_members(proc.pid):
-                os.kill(pid, signal.SIGKILL)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
     assert proc.returncode == 0, f"exit {proc.returncode}\n{out}\n{err[-8000:]}"
     assert gone, "processes were left behind"
     reports = [line[len("REPORT "):] for line in out.splitlines() if line.startswith("REPORT ")]

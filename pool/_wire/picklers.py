@@ -59,20 +59,25 @@ def by_value_pickler() -> type[Any]:
             cls = type(obj)
             raise TypeError(f"cannot pickle '{cls.__module__}.{cls.__qualname__}' object")
 
-        reduce_code = cloudpickle.Pickler.dispatch_table[types.CodeType]
+        ours: dict[type, Any] = {io.TextIOWrapper: refuse}
+        reduce_code = cloudpickle.Pickler.dispatch_table.get(types.CodeType)
+        if reduce_code is not None:
+            def keep_filename(code: types.CodeType) -> Any:
+                # cloudpickle (3.1+) names every code object it sends "<dynamic-code>"; a
+                # crash report's or a traceback's frames should name the user's file.
+                # (Nested code objects, a class's methods, come through here too.) A
+                # reduction of another shape is left as it is: the name is cosmetic.
+                reduced = reduce_code(code)
+                if (isinstance(reduced, tuple) and len(reduced) == 2
+                        and callable(reduced[0]) and isinstance(reduced[1], tuple)):
+                    return _with_filename, (reduced[0], reduced[1], code.co_filename)
+                return reduced
 
-        def keep_filename(code: types.CodeType) -> Any:
-            # cloudpickle names every code object it sends "<dynamic-code>"; a crash
-            # report's or a traceback's frames should name the user's file. (Nested code
-            # objects, a class's methods, come through here too.)
-            make, args = reduce_code(code)[:2]
-            return _with_filename, (make, args, code.co_filename)
+            ours[types.CodeType] = keep_filename
 
         class ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
             # (cloudpickle's table already chains copyreg's.)
-            dispatch_table = ChainMap({io.TextIOWrapper: refuse,
-                                       types.CodeType: keep_filename},
-                                      cloudpickle.Pickler.dispatch_table)
+            dispatch_table = ChainMap(ours, cloudpickle.Pickler.dispatch_table)
 
         _ByValuePickler = ByValuePickler
     return _ByValuePickler

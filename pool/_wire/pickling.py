@@ -15,7 +15,6 @@ from __future__ import annotations
 import pickle
 import struct
 import sys
-import types
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import loans, payloads, segments, shared_calls
@@ -62,7 +61,7 @@ def dumps_callable_by_value(fn: Callable[..., Any]) -> bytes:
     for faces whose users expect it of every function of ``__main__`` (joblib's, where
     loky sends those by value, even one defined under ``if __name__ == "__main__":``)."""
     try:
-        return dumps_by_value(_KeepFilename.wrap(fn))
+        return dumps_by_value(fn)  # (keeping its file's name: picklers.by_value_pickler)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # a reducer's SystemExit too: it fails this call only
@@ -78,39 +77,6 @@ def _main_importable_by_workers() -> bool:
     main = sys.modules.get("__main__")
     return (getattr(main, "__file__", None) is not None
             or getattr(main, "__spec__", None) is not None)
-
-
-class _KeepFilename:
-    """A function pickled by value that gets its real file name back when unpickled.
-
-    cloudpickle (3.1+) names the code of every function it pickles by value
-    ``<dynamic-code>``; remote tracebacks should point at the user's file instead.
-    """
-
-    def __init__(self, fn: Any, filename: str) -> None:
-        self.fn, self.filename = fn, filename
-
-    @classmethod
-    def wrap(cls, fn: Any) -> Any:
-        code = getattr(fn, "__code__", None)
-        return cls(fn, code.co_filename) if isinstance(code, types.CodeType) else fn
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_with_filename, (self.fn, self.filename))
-
-
-def _with_filename(fn: Any, filename: str) -> Any:
-    try:
-        fn.__code__ = _renamed_code(fn.__code__, filename)
-    except (AttributeError, TypeError, ValueError):
-        pass  # cosmetic only
-    return fn
-
-
-def _renamed_code(code: types.CodeType, filename: str) -> types.CodeType:
-    consts = tuple(_renamed_code(c, filename) if isinstance(c, types.CodeType) else c
-                   for c in code.co_consts)
-    return code.replace(co_filename=filename, co_consts=consts)
 
 
 # A task function with this attribute set true has its arguments pickled by value

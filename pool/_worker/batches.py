@@ -14,9 +14,10 @@ Guarantees:
   each object a method is bound to, is pickled once per batch;
 - ``run_batch`` returns the calls' results in order, or raises the first call's exception
   (joblib fails the whole ``Parallel`` call on it);
-- in a batch of more than one call, each call's end is recorded (``_worker.progress``, as a
-  ``None`` per call: the results stay here), so that when the worker dies or the batch
-  times out the parent knows which call was running (``Batch.call``);
+- in a batch of more than one call, the calls that ended are counted as they end
+  (``_worker.progress``, ``Recorder.count``: the results stay here), so that when the
+  worker dies or the batch times out the parent knows which call was running
+  (``Batch.call``);
 - a ``numpy.memmap`` given as an argument of a call is opened again from its file in the
   worker (joblib's memory mapping does the same), so that what the call writes into one
   opened for writing reaches the file, and a large one is not copied;

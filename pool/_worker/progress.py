@@ -10,7 +10,8 @@ recorded values (``ItemProgress.outcomes``) runs user code and belongs to a call
 callback thread.
 Guarantees:
 - what a dead worker's file says is true: ``finished`` items finished, in order, each with
-  its value or its encoded exception, for the task whose id is ``task_id``. A kill between
+  its value or its encoded exception (a chunk run by ``count``: the number alone), for the
+  task whose id is ``task_id``. A kill between
   any two instructions leaves at worst the last item unrecorded: its record is written
   before the count that includes it;
 - an item whose value cannot be recorded (it does not pickle, or the file is full) stops
@@ -255,18 +256,20 @@ class FileRecorder(Recorder):
             return
         append, pwrite, pack, fd = values.append, os.pwrite, _COUNT_AND_END.pack, self.fd
         done, end = self._done, self._end
+        unrecordable = False
         try:
             for value in calls:
                 append(value)
                 done += 1
                 try:
                     pwrite(fd, pack(done, end), 16)
-                except OSError:  # (a full disk cannot refuse an overwrite, but if it did)
-                    self._done = done
-                    self._rest_unrecorded(calls, values)
-                    return
+                except OSError:  # (a call closed the descriptor, say)
+                    unrecordable = True
+                    break
         finally:
             self._done = done
+        if unrecordable:  # (out of the except: a later call's error must not chain to it)
+            self._rest_unrecorded(calls, values)
 
     def failure(self, encoded: bytes) -> None:
         if self._stopped:
