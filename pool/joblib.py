@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import threading
 import traceback
 import warnings
 from typing import Any, Callable
@@ -51,6 +50,7 @@ from joblib.parallel import BatchedCalls
 from ._errors import TaskInfo, TaskTimeout, WorkerDied, rename_task
 from ._executor import ProcessPool
 from ._futures import PoolFuture
+from ._locks import InterruptSafeLock
 from ._options import default_context
 from ._worker.batches import Batch, prepare_worker, run_batch
 from ._worker.forkserver import preload_in_forkserver
@@ -299,7 +299,7 @@ class _SharedPools:
     with the same one reuse its warm workers, as loky's reusable executor does."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = InterruptSafeLock()  # (taken in the caller's thread: Ctrl-C safe)
         self._shared: list[_SharedPool] = []
 
     def take(self, n_jobs: int, options: dict[str, Any], environment: dict[str, str],

@@ -1,7 +1,8 @@
 """The Python examples of README.rst and of the documentation pages (docs/) run as written:
 each is saved as a script and run in a child interpreter (the installed pool, a hard
 timeout), and what it prints is checked against what the page says it prints. Which
-blocks are examples: tests/doc_examples.py. The one that needs dask runs in tests/dask."""
+blocks are examples: tests/doc_examples.py. The one that needs dask runs in tests/dask, the
+one that needs joblib in tests/joblib."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from doc_examples import REPO_DIR, literal_blocks_after, page_name, pages, progr
 
 ALL_EXAMPLES = {(page_name(page), index): program for page in pages()
                 for index, program in enumerate(programs(page))}
-# The dask example needs distributed: tests/dask/test_dask.py runs it, in tox's dask env.
+# The dask example needs distributed: tests/dask/test_dask.py runs it, in tox's dask env;
+# the joblib one needs joblib and scikit-learn: tests/joblib, in tox's joblib env.
 EXAMPLES = {key: program for key, program in ALL_EXAMPLES.items()
-            if "pool.dask" not in program}
+            if "pool.dask" not in program and "pool.joblib" not in program}
 
 # What each example must print (its page says so next to it), in order. A new example
 # needs its line here: what it prints, or [] if the page claims nothing.
@@ -62,7 +64,7 @@ TILES = ("docs/guide/run.rst", 1)
 
 def test_every_example_says_what_it_prints():
     assert sorted(EXAMPLES) == sorted(EXPECTED)
-    assert len(ALL_EXAMPLES) - len(EXAMPLES) == 1   # the dask one
+    assert len(ALL_EXAMPLES) - len(EXAMPLES) == 2   # the dask one and the joblib one
 
 
 @pytest.mark.parametrize("key", sorted(EXAMPLES), ids=lambda key: f"{key[0]}-{key[1]}")

@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
-from helpers import (START_METHODS, TESTS_DIR, run_scenario_in_session, session_members,
-                     wait_until)
+from doc_examples import programs
+from helpers import (REPO_DIR, START_METHODS, TESTS_DIR, run_scenario_in_session,
+                     session_members, wait_until)
 
 pytest.importorskip("joblib", reason="pool.joblib's tests need pip install 'sturdypool[joblib]'")
 
@@ -568,3 +569,22 @@ def test_a_script_that_runs_parallel_at_its_top_level_is_told_how_to_fix_it(tmp_
     assert "outside 'if __name__ == \"__main__\":'" in refused.stderr
     assert "give parallel_config start_method='fork'" in refused.stderr
     assert forked.stdout == "[0, 1, 2, 3]\n", forked.stderr
+
+
+def test_the_guide_example_runs_as_written(tmp_path):
+    # docs/guide/joblib.rst's example (tests/test_readme.py runs the others).
+    blocks = [block for block in programs(REPO_DIR / "docs" / "guide" / "joblib.rst")
+              if "pool.joblib" in block]
+    assert len(blocks) == 1
+    script = tmp_path / "example.py"
+    script.write_text(blocks[0])
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-8000:]
+    assert out.splitlines() == ["SIGSEGV {'alpha': 0.3}", "{'alpha': 0.1}"], (out, err)
+    assert wait_until(lambda: not session_members(proc.pid), 15)
