@@ -81,3 +81,28 @@ def literal_blocks_after(page: Path, program: str) -> list[list[str]]:
                     and re.fullmatch(r"([-=~^\"'])\1{3,}", lines[n + 1])), len(lines))
     return [body.rstrip("\n").splitlines() for kind, body, end in blocks
             if kind == "literal" and start < end <= heading]
+
+
+def run_guide_example(page: str, marker: str, directory: Path, timeout: float = 120) -> str:
+    """Runs the one example of ``docs/guide/<page>`` that contains ``marker`` (one the tests
+    of tests/test_readme.py leave to an environment of their own), as written, in a
+    session of its own; returns what it printed, once it has exited 0 and every process
+    of its session is gone."""
+    import subprocess
+    import sys
+
+    from helpers import session_members, wait_until
+    blocks = [block for block in programs(DOCS_DIR / "guide" / page) if marker in block]
+    assert len(blocks) == 1, blocks
+    script = directory / "example.py"
+    script.write_text(blocks[0])
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(directory),
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-8000:]
+    assert wait_until(lambda: not session_members(proc.pid), 15)
+    return out

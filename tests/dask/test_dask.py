@@ -18,9 +18,8 @@ from typing import Any
 
 import pytest
 
-from doc_examples import programs
-from helpers import (REPO_DIR, START_METHODS, run_scenario_in_session, session_members,
-                     wait_until)
+from doc_examples import run_guide_example
+from helpers import REPO_DIR, START_METHODS, run_scenario_in_session
 
 pytest.importorskip("distributed", reason="pool.dask's tests need pip install 'sturdypool[dask]'")
 
@@ -376,23 +375,10 @@ def test_importing_pool_does_not_import_dask():
 
 def test_the_guide_example_runs_as_written(tmp_path):
     # docs/guide/dask.rst's example (tests/test_readme.py runs the others).
-    blocks = [block for block in programs(REPO_DIR / "docs" / "guide" / "dask.rst")
-              if "pool.dask" in block]
-    assert len(blocks) == 1
-    script = tmp_path / "example.py"
-    script.write_text(blocks[0])
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err[-8000:]
+    out = run_guide_example("dask.rst", "pool.dask", tmp_path)
     lines = out.splitlines()
     assert lines[:2] == ["0", "1"] and lines[3:] == ["9", "16", "25"], out
     assert re.fullmatch(r"SIGSEGV in \d+", lines[2]), out
-    assert wait_until(lambda: not session_members(proc.pid), 15)
 
 
 @pytest.mark.parametrize("removed", [False, True], ids=["installed", "removed first"])

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from doc_examples import programs
-from helpers import (REPO_DIR, START_METHODS, TESTS_DIR, run_scenario_in_session,
+from doc_examples import run_guide_example
+from helpers import (START_METHODS, TESTS_DIR, run_scenario_in_session,
                      session_members, wait_until)
 
 pytest.importorskip("joblib", reason="pool.joblib's tests need pip install 'sturdypool[joblib]'")
@@ -573,18 +573,5 @@ def test_a_script_that_runs_parallel_at_its_top_level_is_told_how_to_fix_it(tmp_
 
 def test_the_guide_example_runs_as_written(tmp_path):
     # docs/guide/joblib.rst's example (tests/test_readme.py runs the others).
-    blocks = [block for block in programs(REPO_DIR / "docs" / "guide" / "joblib.rst")
-              if "pool.joblib" in block]
-    assert len(blocks) == 1
-    script = tmp_path / "example.py"
-    script.write_text(blocks[0])
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=str(tmp_path),
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err[-8000:]
-    assert out.splitlines() == ["SIGSEGV {'alpha': 0.3}", "{'alpha': 0.1}"], (out, err)
-    assert wait_until(lambda: not session_members(proc.pid), 15)
+    out = run_guide_example("joblib.rst", "pool.joblib", tmp_path)
+    assert out.splitlines() == ["SIGSEGV {'alpha': 0.3}", "{'alpha': 0.1}"], out
