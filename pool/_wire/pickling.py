@@ -53,13 +53,6 @@ def dumps_callable(fn: Callable[..., Any]) -> bytes:
             raise
         except BaseException:
             pass  # a lambda or closure: fall through to pickling by value
-    return dumps_callable_by_value(fn)
-
-
-def dumps_callable_by_value(fn: Callable[..., Any]) -> bytes:
-    """Pickle a function by value (cloudpickle), whether or not workers could import it:
-    for faces whose users expect it of every function of ``__main__`` (joblib's, where
-    loky sends those by value, even one defined under ``if __name__ == "__main__":``)."""
     try:
         return dumps_by_value(fn)  # (keeping its file's name: picklers.by_value_pickler)
     except KeyboardInterrupt:

@@ -31,12 +31,10 @@ from __future__ import annotations
 import importlib
 import mmap
 import os
-import pickle
 import sys
-import types
 from typing import Any, Callable
 
-from .._wire.pickling import ARGUMENTS_BY_VALUE, dumps_callable_by_value
+from .._wire.pickling import ARGUMENTS_BY_VALUE
 from . import main as _main, progress as _progress
 
 Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
@@ -66,62 +64,17 @@ class Batch:
         return self.calls[index]
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # The functions travel in the same pickle as the arguments: by reference, or by
-        # value where the pool's pickler falls back to it, once each (the pickler's memo:
-        # a method's object, and the large buffers in it, go once and through shared
-        # memory as an argument's would). A function of __main__ goes by value always.
-        by_value: dict[int, Any] = {}
+        # The calls travel as they are, pickled by value (``run_batch``'s
+        # ARGUMENTS_BY_VALUE): cloudpickle sends what is of ``__main__`` by value, keeping
+        # file names, and each function, method object and large buffer once. Only a
+        # memmap argument is swapped for its file.
         numpy = sys.modules.get("numpy")  # (no numpy loaded: no memmap to look for)
-        calls = []
-        for function, args, kwargs in self.calls:
-            if getattr(function, "__module__", None) == "__main__":
-                function = _by_value(function, by_value)
-            if numpy is not None:
-                args = tuple(_by_file(numpy, arg) for arg in args)
-                kwargs = {name: _by_file(numpy, value) for name, value in kwargs.items()}
-            calls.append((function, args, kwargs))
+        if numpy is None:
+            return (Batch, (self.calls, self.nested))
+        calls = [(function, tuple(_by_file(numpy, arg) for arg in args),
+                  {name: _by_file(numpy, value) for name, value in kwargs.items()})
+                 for function, args, kwargs in self.calls]
         return (Batch, (calls, self.nested))
-
-
-def _by_value(function: Any, made: dict[int, Any]) -> Any:
-    """``function`` (of ``__main__``) wrapped to travel by value, once per batch: a method
-    as its function and its object (each ``obj.method`` is a new object; its function and
-    its object are not), so that the object goes once, as an argument would."""
-    inner = getattr(function, "__func__", None)
-    bound_to = getattr(function, "__self__", None)
-    if inner is not None and bound_to is not None and not isinstance(bound_to, type(sys)):
-        return _Method(_by_value(inner, made), bound_to)
-    wrapped = made.get(id(function))
-    if wrapped is None:
-        wrapped = made[id(function)] = _ByValue(function)
-    return wrapped
-
-
-class _Method:
-    """A method of a class of ``__main__`` on its way: its function by value, its object
-    as the pickler sends it."""
-
-    def __init__(self, function: Any, bound_to: Any) -> None:
-        self.function, self.bound_to = function, bound_to
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_bound, (self.function, self.bound_to))
-
-
-def _bound(function: Callable[..., Any], bound_to: Any) -> Any:
-    return types.MethodType(function, bound_to)
-
-
-class _ByValue:
-    """A function of ``__main__`` on its way, pickled by value, as loky sends it: it may be
-    defined under the script's ``if __name__ == "__main__":``, where a worker that imports
-    the script does not get to."""
-
-    def __init__(self, function: Callable[..., Any]) -> None:
-        self.function = function
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (pickle.loads, (dumps_callable_by_value(self.function),))
 
 
 def _by_file(numpy: Any, value: Any) -> Any:

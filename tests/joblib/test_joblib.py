@@ -531,7 +531,8 @@ def test_a_parallel_call_inside_anothers_loop_with_one_configuration(tmp_path):
 
 def test_a_method_and_its_objects_large_array_go_once_per_batch(tmp_path):
     facts, _ = run('''
-        import numpy as np, pickle
+        import numpy as np
+        from pool._wire.picklers import dumps_by_value  # (the pickler batches go with)
         from pool._worker.batches import Batch
         class Model:
             def __init__(self):
@@ -540,7 +541,7 @@ def test_a_method_and_its_objects_large_array_go_once_per_batch(tmp_path):
                 return float(self.weights[0] * x)
         model = Model()
         batch = Batch([(model.score, (i,), {}) for i in range(10)])
-        size = len(pickle.dumps(batch, protocol=5))
+        size = len(dumps_by_value(batch))
         with parallel_config(backend="pool", n_jobs=2):
             scores = Parallel(batch_size=10)(delayed(model.score)(i) for i in range(10))
         report(size_mib=size / (1 << 20), scores=scores)
