@@ -143,13 +143,13 @@ class PoolBackend(AutoBatchingMixin, ParallelBackendBase):  # type: ignore[misc]
             raise FallbackToBackend(SequentialBackend(nesting_level=self.nesting_level))
         _check_options(options)
         options = {**self.backend_kwargs, **options}
-        # Each worker's share of the cores, for its native thread pools (as joblib's own
-        # process backends: a variable the user set in this process is kept).
         # Here, at the Parallel call, with joblib's words: a script whose top level runs
         # it outside its __main__ guard would run it again in every worker (loky's do not
         # import the script; forkserver and spawn workers do).
         check_main_is_guarded(_context(options).get_start_method(),
                               "give parallel_config start_method='fork'")
+        # Each worker's share of the cores, for its native thread pools (as joblib's own
+        # process backends: a variable the user set in this process is kept).
         environment = self._prepare_worker_env(n_jobs)
         threads = _thread_count(self.inner_max_num_threads, n_jobs)
         self.parallel = parallel
@@ -375,7 +375,7 @@ def _new_pool(n_jobs: int, options: dict[str, Any], environment: dict[str, str],
     return ProcessPool(
         n_jobs, mp_context=context, initializer=prepare_worker,
         initargs=(environment, threads, PoolBackend, options.get("initializer"),
-                  tuple(options.get("initargs") or ())),
+                  options["initargs"]),  # (a tuple: _SharedPools.take)
         task_timeout=None,  # (per batch: PoolBackend.submit)
         max_memory_per_child=options.get("max_memory_per_child"),
         max_tasks_per_child=options.get("max_tasks_per_child"),
